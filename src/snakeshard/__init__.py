@@ -1,0 +1,12 @@
+"""snakeshard: sharded ML/speech jobs over large datasets, orchestrated by Snakemake.
+
+Only light, stdlib-only modules are imported here: the Snakefile imports this
+package at every parse (and on SLURM, in every job).
+"""
+
+__version__ = "0.1.0"
+
+from snakeshard.contract import BaseRunner, EnvironmentProvider, InferenceProvider  # noqa: E402
+from snakeshard.errors import SnakeshardError  # noqa: E402
+
+__all__ = ["BaseRunner", "EnvironmentProvider", "InferenceProvider", "SnakeshardError", "__version__"]

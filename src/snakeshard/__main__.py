@@ -1,0 +1,3 @@
+from snakeshard.cli import main
+
+raise SystemExit(main())

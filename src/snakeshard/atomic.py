@@ -1,0 +1,46 @@
+"""Write-then-rename helpers: a file either has its complete new content or does not change."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> None:
+    """Write ``text`` to a temp file beside ``path`` and rename it into place.
+
+    A kill -9 at any point leaves either the old file or the new one, never a
+    truncated one. ``fsync`` also survives power loss; skip it for files that can
+    be recomputed cheaply (plan key lists), where thousands of fsyncs would cost seconds.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj, *, fsync: bool = True) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + "\n", fsync=fsync)
+
+
+def write_if_changed(path: str | os.PathLike, text: str) -> bool:
+    """Rewrite ``path`` only when its content differs, so its mtime (a Snakemake trigger) stays put."""
+    path = Path(path)
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return False
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, text, fsync=False)
+    return True

@@ -1,0 +1,243 @@
+"""Reading datasets: Kaldi data dirs and JSON Lines manifests.
+
+Planning needs only keys (and, for ``shard_seconds``, durations), so
+``read_items`` is cheap and stdlib-only. ``load_dataset`` gives providers a
+key -> item mapping with audio loading (soundfile, imported lazily).
+
+A dataset spec is a dict: ``{"path": "data/demo", "format": "kaldi"}`` or
+``{"path": "x.jsonl", "format": "jsonl", "key_field": "id", "audio_field": "audio",
+"duration_field": "duration"}``. Relative paths are relative to the working
+directory (the workflow directory), as in Kaldi and ESPnet recipes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from snakeshard.errors import DataError
+
+MAX_LISTED = 5  # how many offending keys an error message lists
+
+
+@dataclass
+class Item:
+    """One dataset entry: its key, where it was declared, and what planning may need."""
+
+    key: str
+    source: str  # "file:line" where the key was declared
+    audio: str | None = None  # a path, or a Kaldi pipe command ending in "|"
+    seconds: float | None = None
+    fields: dict = field(default_factory=dict)  # text, spk, start, end, or jsonl fields
+
+
+def _read_kaldi_table(path: Path) -> list[tuple[str, str, int]]:
+    """``key value`` lines -> (key, value, line_no); blank lines are an error, not skipped."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip():
+                raise DataError(f"{path}:{line_no}: empty line (Kaldi tables have one 'key value' per line)")
+            if line[0].isspace():
+                raise DataError(f"{path}:{line_no}: line starts with whitespace, so its key is empty: {line!r}")
+            key, _, value = line.partition(" ")
+            if "\t" in key:  # tab-separated line
+                key, _, rest = key.partition("\t")
+                value = rest + (" " + value if value else "")
+            rows.append((key, value.strip(), line_no))
+    return rows
+
+
+def _is_pipe(value: str) -> bool:
+    return value.endswith("|")
+
+
+def _read_kaldi_dir(path: Path) -> list[Item]:
+    wav_scp = path / "wav.scp"
+    if not wav_scp.is_file():
+        raise DataError(f"{path}: not a Kaldi data dir (no wav.scp)")
+    wavs = {}
+    items = []
+    for key, value, line_no in _read_kaldi_table(wav_scp):
+        if not value:
+            raise DataError(f"{wav_scp}:{line_no}: key {key!r} has no audio path")
+        if not _is_pipe(value) and len(value.split()) > 1:
+            # Kaldi paths cannot hold whitespace, so extra fields mean the key had some.
+            raise DataError(
+                f"{wav_scp}:{line_no}: {key + ' ' + value!r} has more than two fields; "
+                "keys and paths must be free of whitespace"
+            )
+        wavs[key] = (value, line_no)
+        items.append(Item(key, f"{wav_scp}:{line_no}", audio=value))
+
+    segments = path / "segments"
+    if segments.is_file():
+        # With segments, the items are utterances cut from the recordings in wav.scp.
+        items = []
+        for key, value, line_no in _read_kaldi_table(segments):
+            parts = value.split()
+            where = f"{segments}:{line_no}"
+            if len(parts) != 3:
+                raise DataError(f"{where}: expected 'utt rec start end', got {key + ' ' + value!r}")
+            rec, start, end = parts[0], float(parts[1]), float(parts[2])
+            if rec not in wavs:
+                raise DataError(f"{where}: utterance {key!r} names recording {rec!r}, which is not in {wav_scp}")
+            items.append(
+                Item(key, where, audio=wavs[rec][0], seconds=end - start, fields={"rec": rec, "start": start, "end": end})
+            )
+
+    utt2dur = path / "utt2dur"
+    if utt2dur.is_file() and not segments.is_file():
+        durations = {k: float(v) for k, v, _ in _read_kaldi_table(utt2dur)}
+        for item in items:
+            item.seconds = durations.get(item.key)
+    return items
+
+
+def _read_jsonl(path: Path, spec: dict) -> list[Item]:
+    key_field = spec.get("key_field", "key")
+    audio_field = spec.get("audio_field", "audio")
+    duration_field = spec.get("duration_field", "duration")
+    items = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: not valid JSON ({e.msg})") from None
+            if not isinstance(record, dict) or key_field not in record:
+                raise DataError(f"{where}: record has no key field {key_field!r}")
+            key = record[key_field]
+            if not isinstance(key, str):
+                raise DataError(f"{where}: key field {key_field!r} must be a string, got {key!r}")
+            seconds = record.get(duration_field)
+            items.append(
+                Item(key, where, audio=record.get(audio_field),
+                     seconds=float(seconds) if seconds is not None else None, fields=record)
+            )
+    return items
+
+
+def read_items(spec: dict) -> list[Item]:
+    """All items of a dataset in file order, validated: non-empty, unique keys without whitespace."""
+    path = Path(spec["path"])
+    fmt = spec.get("format", "kaldi")
+    if not path.exists():
+        raise DataError(f"dataset path {path} does not exist")
+    if fmt == "kaldi":
+        items = _read_kaldi_dir(path)
+    elif fmt == "jsonl":
+        items = _read_jsonl(path, spec)
+    else:
+        raise DataError(f"dataset {path}: unknown format {fmt!r} (use 'kaldi' or 'jsonl')")
+    validate_keys(items, str(path))
+    return items
+
+
+def validate_keys(items: list[Item], name: str) -> None:
+    if not items:
+        raise DataError(f"dataset {name} has no items: the key list is empty")
+    bad = [i for i in items if not i.key or any(c.isspace() for c in i.key)]
+    if bad:
+        listed = ", ".join(f"{i.key!r} ({i.source})" for i in bad[:MAX_LISTED])
+        raise DataError(f"{len(bad)} key(s) are empty or contain whitespace: {listed}")
+    first_seen: dict[str, str] = {}
+    dupes = []
+    for item in items:
+        if item.key in first_seen:
+            dupes.append(f"{item.key!r} ({item.source}, first at {first_seen[item.key]})")
+        else:
+            first_seen[item.key] = item.source
+    if dupes:
+        raise DataError(f"{len(dupes)} duplicate key(s): " + ", ".join(dupes[:MAX_LISTED]))
+
+
+def check_audio_exists(items: list[Item]) -> None:
+    """Fail before any job runs if a plain audio path is missing (pipes are not checked)."""
+    missing = [i for i in items if i.audio and not _is_pipe(i.audio) and not os.path.exists(i.audio)]
+    if missing:
+        listed = ", ".join(f"key {i.key!r}: {i.audio} ({i.source})" for i in missing[:MAX_LISTED])
+        raise DataError(f"{len(missing)} audio file(s) not found: {listed}")
+
+
+def fill_durations(items: list[Item]) -> None:
+    """Read durations from audio headers (soundfile) for items that have none yet."""
+    todo = [i for i in items if i.seconds is None]
+    if not todo:
+        return
+    import soundfile  # lazy: only shard_seconds planning needs it
+
+    for item in todo:
+        if not item.audio or _is_pipe(item.audio):
+            raise DataError(
+                f"key {item.key!r} ({item.source}): cannot read a duration from {item.audio!r}; "
+                "give durations (utt2dur, segments, or a jsonl duration field) or shard by count"
+            )
+        try:
+            item.seconds = soundfile.info(item.audio).duration
+        except Exception as e:  # soundfile raises several types for unreadable headers
+            raise DataError(f"key {item.key!r} ({item.source}): cannot read audio header of {item.audio}: {e}") from None
+
+
+class KaldiDataset:
+    """A key -> item mapping over a dataset, for providers: ``dataset[key]`` and ``load_audio(key)``.
+
+    Items carry ``key``, ``audio`` and, when the data dir has them, ``text``, ``spk``
+    (utt2spk) and segment ``start``/``end``.
+    """
+
+    def __init__(self, spec: dict):
+        self.spec = spec
+        items = read_items(spec)
+        self._items = {i.key: i for i in items}
+        self.keys = [i.key for i in items]
+        if spec.get("format", "kaldi") == "kaldi":
+            base = Path(spec["path"])
+            for name, attr in (("text", "text"), ("utt2spk", "spk")):
+                if (base / name).is_file():
+                    for key, value, _ in _read_kaldi_table(base / name):
+                        if key in self._items:
+                            self._items[key].fields[attr] = value
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._items
+
+    def __getitem__(self, key: str) -> dict:
+        item = self._items[key]
+        return {"key": item.key, "audio": item.audio, **item.fields}
+
+    def load_audio(self, key: str, dtype: str = "float32"):
+        """(samples, sample_rate) of one item; segments are cut; Kaldi pipes are run."""
+        import io
+        import subprocess
+
+        import soundfile
+
+        item = self._items[key]
+        if item.audio is None:
+            raise DataError(f"key {key!r} ({item.source}) has no audio")
+        if _is_pipe(item.audio):
+            data = subprocess.run(item.audio[:-1], shell=True, check=True, capture_output=True).stdout
+            samples, rate = soundfile.read(io.BytesIO(data), dtype=dtype)
+        else:
+            try:
+                samples, rate = soundfile.read(item.audio, dtype=dtype)
+            except Exception as e:
+                raise DataError(f"key {key!r} ({item.source}): cannot read audio {item.audio}: {e}") from None
+        if "start" in item.fields:
+            samples = samples[int(item.fields["start"] * rate): int(item.fields["end"] * rate)]
+        return samples, rate
+
+
+def load_dataset(spec: dict) -> KaldiDataset:
+    """The dataset named by a stage's dataset spec, for use in a provider."""
+    return KaldiDataset(spec)

@@ -1,0 +1,1 @@
+"""Demo workload: a small offline PocketSphinx recogniser for the shipped data/demo utterances."""

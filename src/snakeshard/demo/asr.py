@@ -1,0 +1,43 @@
+"""The demo stage: PocketSphinx ASR over a Kaldi data dir, one hypothesis per utterance.
+
+``provider_config`` options:
+  decoder_options: dict   PocketSphinx config overrides (e.g. {beam: 1e-60})
+  fail_on_keys: [key]     raise on these keys (to exercise failure handling and reruns)
+  item_delay: seconds     sleep per item (to make a shard slow enough to kill mid-run in tests)
+"""
+
+from __future__ import annotations
+
+import time
+
+from snakeshard import BaseRunner, InferenceProvider
+from snakeshard.data import load_dataset
+
+
+class PocketsphinxProvider(InferenceProvider):
+    def build_env(self) -> dict:
+        from snakeshard.demo.pocketsphinx_asr import make_decoder
+
+        return {
+            "dataset": load_dataset(self.config["dataset"]),
+            "decoder": make_decoder(**self.config.get("decoder_options", {})),
+            "fail_on_keys": frozenset(self.config.get("fail_on_keys", [])),
+            "item_delay": float(self.config.get("item_delay", 0)),
+        }
+
+
+class PocketsphinxRunner(BaseRunner):
+    """Writes ``text`` (the hypothesis), merged into results/<stage>/<set>/text."""
+
+    @staticmethod
+    def forward(key, *, dataset, decoder, fail_on_keys, item_delay):
+        from snakeshard.demo.pocketsphinx_asr import decode
+
+        if key in fail_on_keys:
+            raise RuntimeError(f"fail_on_keys asked to fail on {key!r}")
+        if item_delay:
+            time.sleep(item_delay)
+        samples, rate = dataset.load_audio(key, dtype="int16")
+        if rate != 16000:
+            raise ValueError(f"expected 16 kHz audio, got {rate} Hz")
+        return {"text": decode(decoder, samples)}

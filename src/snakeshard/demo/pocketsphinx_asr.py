@@ -1,0 +1,85 @@
+"""Tiny offline PocketSphinx (5.x) recogniser used by the demo shard jobs.
+
+Only the US-English model bundled inside the ``pocketsphinx`` wheel is used,
+so decoding needs no network and no downloads, and the exact model bytes can be
+fingerprinted via :func:`model_files` (a shard's output depends on them).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pocketsphinx
+
+#: Defaults for every decoder: quiet (PocketSphinx logs every utterance at
+#: INFO to stderr, which would swamp job logs) and 16 kHz, like data/demo.
+DEFAULT_OPTIONS = {"loglevel": "FATAL", "samprate": 16000}
+
+# Config keys whose values name model files outside the acoustic model dir.
+_FILE_KEYS = ("lm", "dict", "fdict", "jsgf", "fsg", "kws", "lmctl",
+              "mdef", "mean", "var", "tmat", "mixw", "sendump",
+              "featparams", "lda", "mllr", "senmgau")
+
+
+def _config(**options) -> pocketsphinx.Config:
+    # Config() fills in hmm/lm/dict from pocketsphinx.get_model_path(), i.e.
+    # the en-us model shipped in the wheel; options may override anything.
+    return pocketsphinx.Config(**{**DEFAULT_OPTIONS, **options})
+
+
+def make_decoder(**options) -> pocketsphinx.Decoder:
+    """Return a Decoder on the bundled en-us model (acoustic model, LM, CMUdict).
+
+    ``options`` are PocketSphinx config parameters (e.g. ``beam=1e-60``) and
+    override :data:`DEFAULT_OPTIONS`. Loading takes about a second, so create
+    one decoder per job and reuse it for every utterance.
+    """
+    return pocketsphinx.Decoder(_config(**options))
+
+
+def decode(decoder: pocketsphinx.Decoder, samples: np.ndarray) -> str:
+    """Recognise one whole utterance of 16-bit mono audio; return lowercase text.
+
+    ``full_utt=True`` lets PocketSphinx normalise over the entire utterance
+    (batch CMN) instead of streaming, so the result does not depend on which
+    utterances this decoder saw before (checked on data/demo: same text in any
+    order, reused or fresh decoder). Returns "" when nothing is recognised.
+    """
+    samples = np.asarray(samples)
+    if samples.dtype != np.int16 or samples.ndim != 1:
+        # float or stereo buffers would be silently misread as garbage PCM
+        raise TypeError(f"need 1-D int16 samples, got {samples.dtype} {samples.shape}")
+    if samples.size == 0:
+        return ""  # process_raw raises IndexError on an empty buffer
+    decoder.start_utt()
+    decoder.process_raw(np.ascontiguousarray(samples, dtype="<i2").tobytes(),
+                        no_search=False, full_utt=True)
+    decoder.end_utt()
+    hyp = decoder.hyp()
+    return " ".join(hyp.hypstr.lower().split()) if hyp is not None else ""
+
+
+def model_files(**options) -> list[str]:
+    """Absolute paths of every model file a ``make_decoder(**options)`` loads.
+
+    That is all files in the acoustic-model directory plus the LM and
+    dictionary (and any other file-valued option), sorted, so callers can hash
+    them to make results depend on the exact model version.
+    """
+    config = _config(**options)
+    paths = set()
+    hmm = config["hmm"]
+    if hmm:
+        for name in os.listdir(hmm):
+            path = os.path.join(hmm, name)
+            if os.path.isfile(path):
+                paths.add(os.path.abspath(path))
+    for key in _FILE_KEYS:
+        try:
+            value = config[key]
+        except KeyError:
+            continue
+        if value:
+            paths.add(os.path.abspath(value))
+    return sorted(paths)

@@ -1,0 +1,30 @@
+"""Errors that a user is meant to read.
+
+Every error snakeshard raises on bad input is a ``SnakeshardError`` whose message
+names what the user has to look at: the item key, the shard, the file and line.
+The CLI prints the message alone (no traceback) and exits non-zero.
+"""
+
+
+class SnakeshardError(Exception):
+    """Base class: a problem with the user's data, config or code, not a snakeshard bug."""
+
+
+class ConfigError(SnakeshardError):
+    """``config/config.yaml`` (or a stage in it) is invalid."""
+
+
+class DataError(SnakeshardError):
+    """The input data (wav.scp, jsonl, audio files) is invalid: names file and line."""
+
+
+class ContractError(SnakeshardError):
+    """A runner or provider breaks the contract (env names, return values)."""
+
+
+class ShardError(SnakeshardError):
+    """An item failed inside a shard job: names key, shard and log file."""
+
+
+class MergeError(SnakeshardError):
+    """Shard fragments cannot be merged: names shard, fragment and key."""

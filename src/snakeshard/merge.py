@@ -1,0 +1,122 @@
+"""Merging shards: validate every ``done``, then concatenate fragments in plan order.
+
+Nothing is merged unless every planned shard is done with the expected
+fingerprint, item count and keys digest. Each per-key fragment must hold every
+key of its shard exactly once. Outputs are written by rename, and
+``merged.json`` last, so a crashed merge never looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from snakeshard.atomic import atomic_write_json, atomic_write_text
+from snakeshard.errors import MergeError
+from snakeshard.fingerprint import shard_fingerprint
+from snakeshard.plan import read_shard_keys
+
+MAX_LISTED = 5
+_ARK_OFFSET = re.compile(r":\d+(\[[^\]]*\])?$")  # kaldiio's "file.ark:123" (optionally "[0:10]")
+
+
+def read_done(shard_dir: Path) -> dict | None:
+    try:
+        return json.loads((shard_dir / "done").read_text())
+    except FileNotFoundError:
+        return None
+
+
+def check_shards(set_dir: Path, plan: dict, stage_fp: str) -> list[Path]:
+    """The planned shard dirs, after checking each ``done`` against the plan and fingerprint."""
+    shard_dirs = []
+    problems = []
+    for shard in plan["shards"]:
+        shard_dir = set_dir / f"split.{shard['shard']}"
+        shard_dirs.append(shard_dir)
+        done = read_done(shard_dir)
+        expected_fp = shard_fingerprint(stage_fp, shard["keys_digest"])
+        if done is None:
+            problems.append(f"shard {shard['shard']} is not done ({shard_dir}/done missing)")
+        elif done.get("fingerprint") != expected_fp:
+            problems.append(
+                f"shard {shard['shard']} was computed with fingerprint {done.get('fingerprint')}, "
+                f"expected {expected_fp} (config, model or keys changed since): rerun it"
+            )
+        elif done.get("items") != shard["items"] or done.get("keys_digest") != shard["keys_digest"]:
+            problems.append(f"shard {shard['shard']}: done records {done.get('items')} items / keys "
+                            f"{done.get('keys_digest')}, plan has {shard['items']} / {shard['keys_digest']}")
+    if problems:
+        raise MergeError(f"refusing to merge {set_dir}: " + "; ".join(problems[:MAX_LISTED]))
+    return shard_dirs
+
+
+def _check_fragment_keys(lines: list[str], keys: list[str], where: str) -> None:
+    got = [line.split(" ", 1)[0] for line in lines]
+    if got == keys:
+        return
+    seen = set()
+    dupes = [k for k in got if k in seen or seen.add(k)]
+    if dupes:
+        raise MergeError(f"{where}: duplicate key(s) {dupes[:MAX_LISTED]}")
+    planned = set(keys)
+    unexpected = [k for k in got if k not in planned]
+    if unexpected:
+        raise MergeError(f"{where}: line(s) with unplanned key(s) {unexpected[:MAX_LISTED]} "
+                         "(a value with a newline splits into such lines)")
+    missing = [k for k in keys if k not in seen]
+    if missing:
+        raise MergeError(f"{where}: missing key(s) {missing[:MAX_LISTED]} of {len(missing)}")
+    # same keys, another order (e.g. an unordered device pool): accepted, order kept as written
+
+
+def _check_scp_paths(lines: list[str], where: str) -> None:
+    for line in lines:
+        value = line.split(" ", 1)[1] if " " in line else ""
+        if value.endswith("|"):
+            continue
+        path = _ARK_OFFSET.sub("", value)
+        if not os.path.exists(path):
+            raise MergeError(f"{where}: key {line.split(' ', 1)[0]!r} points at {path}, which does not exist "
+                             "from the workflow directory (scp paths are relative to it, or absolute)")
+
+
+def merge_fragments(shard_dirs: list[Path], output_dir: Path) -> list[str]:
+    """Concatenate each per-key fragment named in the shards' ``done`` files, in shard order."""
+    dones = [read_done(d) for d in shard_dirs]
+    names: list[str] = []
+    for done in dones:
+        for name in done.get("fragments", []):
+            if name not in names:
+                names.append(name)
+    shard_keys = [read_shard_keys(d) for d in shard_dirs]
+    for name in names:
+        parts = []
+        for shard_dir, keys in zip(shard_dirs, shard_keys):
+            where = f"{shard_dir}/{name}"
+            try:
+                text = (shard_dir / name).read_text(encoding="utf-8")
+            except FileNotFoundError:
+                raise MergeError(f"{where}: fragment missing (other shards wrote {name!r})") from None
+            lines = text.split("\n")
+            if lines[-1] != "":
+                raise MergeError(f"{where}: last line is not newline-terminated (truncated write?)")
+            lines.pop()
+            _check_fragment_keys(lines, keys, where)
+            if name.endswith(".scp"):
+                _check_scp_paths(lines, where)
+            parts.append(text)
+        atomic_write_text(Path(output_dir) / name, "".join(parts))
+    return names
+
+
+def merge_set(set_dir: Path, plan: dict, stage_fp: str, runner_cls) -> dict:
+    """Validate all shards of one stage/dataset, let the runner merge them, record ``merged.json``."""
+    set_dir = Path(set_dir)
+    shard_dirs = check_shards(set_dir, plan, stage_fp)
+    files = runner_cls.merge(shard_dirs, set_dir) or []
+    record = {"items": plan["num_items"], "shards": plan["num_shards"], "fingerprint": stage_fp, "files": list(files)}
+    atomic_write_json(set_dir / "merged.json", record)
+    return record

@@ -1,0 +1,176 @@
+"""Shard planning: cut a dataset's keys into contiguous, cost-balanced shards.
+
+Shards are contiguous runs of the dataset in file order (as Kaldi's
+split_scp.pl does), so merging in shard order reproduces the input order. The
+cost of an item is its duration in seconds when sharding by seconds or when
+every duration is known, else 1. Assignment depends only on the keys, costs and
+the sharding config, so it is deterministic.
+
+``ensure_plan`` runs while Snakemake parses the Snakefile (the shard count must
+be known to build the DAG). It caches ``plan.json`` keyed by a signature of the
+dataset files and the sharding config, so parsing stays cheap after the first time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from snakeshard.atomic import atomic_write_json, write_if_changed
+from snakeshard.data import Item, check_audio_exists, fill_durations, read_items
+from snakeshard.errors import ConfigError
+from snakeshard.fingerprint import keys_digest, keys_text
+
+PLAN_FORMAT = 1
+DATASET_FILES = ("wav.scp", "segments", "utt2dur", "text", "utt2spk")
+
+
+def split_contiguous(costs: list[float], num_shards: int) -> list[int]:
+    """Start index of each of ``num_shards`` non-empty contiguous shards with near-equal cost.
+
+    Shard s ends where the running cost first reaches (s + 1) / n of the total,
+    keeping at least one item for each shard still to come.
+    """
+    n_items = len(costs)
+    num_shards = max(1, min(num_shards, n_items))
+    total = sum(costs)
+    starts = [0]
+    running = 0.0
+    i = 0
+    for s in range(num_shards - 1):
+        target = total * (s + 1) / num_shards
+        # take at least one item; stop before the target unless taking the item lands closer
+        while True:
+            running += costs[i]
+            i += 1
+            remaining_shards = num_shards - 1 - s
+            if n_items - i <= remaining_shards:
+                break
+            if running >= target:
+                break
+            nxt = running + costs[i]
+            if nxt > target and (nxt - target) > (target - running):
+                break
+        starts.append(i)
+    return starts
+
+
+def split_by_budget(costs: list[float], budget: float) -> list[int]:
+    """Start indices of contiguous shards whose cost stays within ``budget`` (an item over it stands alone)."""
+    starts = [0]
+    running = 0.0
+    for i, cost in enumerate(costs):
+        if running > 0 and running + cost > budget:
+            starts.append(i)
+            running = 0.0
+        running += cost
+    return starts
+
+
+def plan_shards(items: list[Item], sharding: dict) -> list[list[Item]]:
+    """Group ``items`` into shards according to exactly one of num_shards / shard_size / shard_seconds."""
+    given = [k for k in ("num_shards", "shard_size", "shard_seconds") if sharding.get(k) is not None]
+    if len(given) != 1:
+        raise ConfigError(f"sharding must set exactly one of num_shards, shard_size, shard_seconds; got {given or 'none'}")
+    mode = given[0]
+    if mode == "shard_size":
+        size = int(sharding["shard_size"])
+        starts = list(range(0, len(items), size))
+    elif mode == "shard_seconds":
+        fill_durations(items)
+        starts = split_by_budget([i.seconds for i in items], float(sharding["shard_seconds"]))
+    else:
+        known = all(i.seconds is not None for i in items)
+        costs = [i.seconds if known else 1.0 for i in items]
+        starts = split_contiguous(costs, int(sharding["num_shards"]))
+    ends = starts[1:] + [len(items)]
+    return [items[a:b] for a, b in zip(starts, ends)]
+
+
+def input_signature(dataset: dict, sharding: dict) -> str:
+    """Changes when the dataset's key files or the sharding config change (stat only: cheap)."""
+    path = Path(dataset["path"])
+    files = [path / name for name in DATASET_FILES] if path.is_dir() else [path]
+    stats = []
+    for f in files:
+        try:
+            st = os.stat(f)
+            stats.append([str(f), st.st_size, st.st_mtime_ns])
+        except FileNotFoundError:
+            pass
+    payload = json.dumps([PLAN_FORMAT, dataset, sharding, stats], sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+def make_plan(dataset: dict, sharding: dict) -> tuple[dict, list[list[str]]]:
+    """Read and validate the dataset, plan its shards: (plan record, keys of each shard)."""
+    items = read_items(dataset)
+    check_audio_exists(items)
+    shards = plan_shards(items, sharding)
+    known = all(i.seconds is not None for i in items)
+    records = []
+    shard_keys = []
+    for n, shard in enumerate(shards):
+        keys = [i.key for i in shard]
+        shard_keys.append(keys)
+        records.append({
+            "shard": n,
+            "items": len(keys),
+            "seconds": round(sum(i.seconds for i in shard), 3) if known else None,
+            "keys_digest": keys_digest(keys),
+            "first_key": keys[0],
+            "last_key": keys[-1],
+        })
+    plan = {
+        "format": PLAN_FORMAT,
+        "dataset": dataset,
+        "sharding": sharding,
+        "signature": input_signature(dataset, sharding),
+        "num_items": len(items),
+        "total_seconds": round(sum(i.seconds for i in items), 3) if known else None,
+        "num_shards": len(shards),
+        "shards": records,
+    }
+    return plan, shard_keys
+
+
+def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> dict:
+    """The plan for one stage and dataset: reuse ``set_dir/plan.json`` if still valid, else plan anew.
+
+    Re-planning rewrites a ``split.N/keys`` file only when its keys changed, so
+    unchanged shards keep their mtime and are not rerun by Snakemake.
+    """
+    set_dir = Path(set_dir)
+    plan_path = set_dir / "plan.json"
+    try:
+        plan = json.loads(plan_path.read_text())
+        if plan.get("signature") == input_signature(dataset, sharding) and all(
+            (set_dir / f"split.{n}" / "keys").is_file() for n in range(plan["num_shards"])
+        ):
+            return plan
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        pass
+    plan, shard_keys = make_plan(dataset, sharding)
+    set_dir.mkdir(parents=True, exist_ok=True)
+    for n, keys in enumerate(shard_keys):
+        write_if_changed(set_dir / f"split.{n}" / "keys", keys_text(keys))
+    atomic_write_json(plan_path, plan)
+    return plan
+
+
+def read_shard_keys(shard_dir: str | os.PathLike) -> list[str]:
+    return Path(shard_dir, "keys").read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def format_plan_table(plan: dict, title: str = "") -> str:
+    """A human table: shard, items, seconds, first and last key."""
+    rows = [f"{'shard':>6} {'items':>8} {'seconds':>10}  first_key .. last_key"]
+    for s in plan["shards"]:
+        secs = f"{s['seconds']:.1f}" if s["seconds"] is not None else "-"
+        rows.append(f"{s['shard']:>6} {s['items']:>8} {secs:>10}  {s['first_key']} .. {s['last_key']}")
+    total = f"{plan['total_seconds']:.1f}" if plan["total_seconds"] is not None else "-"
+    rows.append(f"{'total':>6} {plan['num_items']:>8} {total:>10}  ({plan['num_shards']} shards)")
+    head = [title] if title else []
+    return "\n".join(head + rows)

@@ -1,0 +1,141 @@
+"""Parse-time helpers for the Snakefile and the CLI: config, stages, plans, fingerprints.
+
+Everything here runs whenever Snakemake parses the Snakefile (on SLURM, in every
+job), so it imports nothing heavy and never imports user runners or providers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+from snakeshard import __version__
+from snakeshard.errors import ConfigError
+from snakeshard.fingerprint import shard_fingerprint, stage_fingerprint
+from snakeshard.plan import ensure_plan
+
+SCHEMA = Path("workflow") / "schemas" / "config.schema.yaml"
+DEFAULT_RESOURCES = {"mem_mb": 2000, "runtime": 60, "cpus_per_task": 1}
+MAX_LISTED = 5
+
+
+def load_config(path: str | os.PathLike) -> dict:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found") from None
+
+
+def validate_config(config: dict, schema_path: str | os.PathLike) -> None:
+    """Check ``config`` against the JSON schema and the cross-references the schema cannot express."""
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = []
+        for err in errors[:MAX_LISTED]:
+            where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
+            lines.append(f"  {where}: {err.message}")
+        raise ConfigError("config does not match workflow/schemas/config.schema.yaml:\n" + "\n".join(lines))
+    datasets = config.get("datasets", {})
+    for name, stage in config.get("stages", {}).items():
+        for ds in stage["datasets"]:
+            if ds not in datasets:
+                raise ConfigError(f"stages.{name}.datasets: {ds!r} is not defined under datasets ({sorted(datasets)})")
+        modes = [k for k in ("num_shards", "shard_size", "shard_seconds") if k in stage["sharding"]]
+        if len(modes) != 1:
+            raise ConfigError(f"stages.{name}.sharding: set exactly one of num_shards, shard_size, shard_seconds "
+                              f"(got {modes or 'none'})")
+        for role in ("runner", "provider"):
+            check_import_path(stage[role], f"stages.{name}.{role}")
+
+
+def check_import_path(path: str, where: str) -> None:
+    """Fail early on a misspelt ``module.Class`` path without importing the (heavy) module itself."""
+    module, _, attr = path.rpartition(".")
+    if not module or not attr:
+        raise ConfigError(f"{where}: {path!r} is not an import path like 'package.module.ClassName'")
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as e:
+        raise ConfigError(f"{where}: cannot import {path!r}: {e}") from None
+    if found is None:
+        raise ConfigError(f"{where}: cannot import {path!r}: no module named {module!r}")
+
+
+def import_object(path: str, where: str = "import path"):
+    """``package.module.Name`` -> the object; errors name the path and the stage key."""
+    import importlib
+
+    check_import_path(path, where)
+    module, _, attr = path.rpartition(".")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except AttributeError:
+        raise ConfigError(f"{where}: module {module!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def output_dir(config: dict) -> str:
+    return config.get("output_dir", "results")
+
+
+def stage_sets(config: dict) -> list[tuple[str, str]]:
+    """Every (stage, dataset) pair the config asks for, in config order."""
+    return [(s, d) for s, stage in config["stages"].items() for d in stage["datasets"]]
+
+
+def set_dir(config: dict, stage: str, dataset: str) -> str:
+    return f"{output_dir(config)}/{stage}/{dataset}"
+
+
+def run_spec(config: dict, stage: str, dataset: str) -> dict:
+    """What one shard job needs to run: passed to it as JSON on its command line."""
+    s = config["stages"][stage]
+    return {
+        "stage": stage,
+        "runner": s["runner"],
+        "provider": s["provider"],
+        "provider_config": s.get("provider_config") or {},
+        "batch_size": s.get("batch_size"),
+        "dataset": {"name": dataset, **config["datasets"][dataset]},
+    }
+
+
+def stage_resources(config: dict, stage: str) -> dict:
+    return {**DEFAULT_RESOURCES, **(config["stages"][stage].get("resources") or {})}
+
+
+class Workflow:
+    """Per-parse view of a config: plans and fingerprints for every stage/dataset, computed once."""
+
+    def __init__(self, config: dict):
+        self.config = config
+        self.out = output_dir(config)
+        self.plans: dict[tuple[str, str], dict] = {}
+        self.specs: dict[tuple[str, str], str] = {}
+        self.stage_fps: dict[tuple[str, str], str] = {}
+        self.shard_fps: dict[tuple[str, str], list[str]] = {}
+        for stage, ds in stage_sets(config):
+            spec = run_spec(config, stage, ds)
+            plan = ensure_plan(set_dir(config, stage, ds), spec["dataset"], config["stages"][stage]["sharding"])
+            fp = stage_fingerprint(spec, __version__)
+            self.plans[stage, ds] = plan
+            self.specs[stage, ds] = json.dumps(spec, sort_keys=True)
+            self.stage_fps[stage, ds] = fp
+            self.shard_fps[stage, ds] = [shard_fingerprint(fp, s["keys_digest"]) for s in plan["shards"]]
+
+    def num_shards(self, stage: str, dataset: str) -> int:
+        return self.plans[stage, dataset]["num_shards"]
+
+    def shard_done_files(self, stage: str, dataset: str) -> list[str]:
+        base = set_dir(self.config, stage, dataset)
+        return [f"{base}/split.{n}/done" for n in range(self.num_shards(stage, dataset))]

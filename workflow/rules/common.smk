@@ -1,0 +1,23 @@
+# Parse-time setup: validate the config, plan every stage/dataset (cached in plan.json),
+# compute fingerprints. The shard count must be known here so `snakemake -n` lists every shard job.
+import sys
+from pathlib import Path
+
+from snakeshard.workflow import SCHEMA, Workflow, stage_resources, stage_sets, validate_config
+
+validate_config(config, Path(workflow.basedir) / SCHEMA)
+WF = Workflow(config)
+STAGE_SETS = stage_sets(config)
+# The interpreter running Snakemake also runs the jobs: no reliance on PATH inside jobs.
+PYTHON = sys.executable
+WER_REPORTS = {
+    (stage, ds): config["datasets"][ds]["path"] + "/text"
+    for stage, ds in STAGE_SETS
+    if config["stages"][stage].get("report_wer")
+}
+
+
+wildcard_constraints:
+    stage=r"[^/]+",
+    dataset=r"[^/]+",
+    shard=r"\d+",

@@ -1,0 +1,19 @@
+# Merge (local): refuse unless every planned shard is done with the expected fingerprint,
+# then concatenate fragments in plan order; merged.json is written last.
+
+
+rule merge:
+    input:
+        lambda w: WF.shard_done_files(w.stage, w.dataset),
+    output:
+        f"{WF.out}/{{stage}}/{{dataset}}/merged.json",
+    log:
+        f"{WF.out}/{{stage}}/{{dataset}}/logs/merge.log",
+    params:
+        spec=lambda w: WF.specs[w.stage, w.dataset],
+        stage_fingerprint=lambda w: WF.stage_fps[w.stage, w.dataset],
+    localrule: True
+    shell:
+        "{PYTHON} -m snakeshard merge --spec {params.spec:q}"
+        " --set-dir {WF.out}/{wildcards.stage}/{wildcards.dataset}"
+        " --stage-fingerprint {params.stage_fingerprint} > {log} 2>&1"
