@@ -46,7 +46,7 @@ def cmd_run_shard(args) -> int:
     from snakeshard.shard import run_shard
     from snakeshard.workflow import import_object
 
-    spec = json.loads(args.spec)
+    spec = json.loads(Path(args.spec).read_text())
     where = f"stages.{spec['stage']}"
     runner_cls = import_object(spec["runner"], f"{where}.runner")
     provider_cls = import_object(spec["provider"], f"{where}.provider")
@@ -63,7 +63,7 @@ def cmd_merge(args) -> int:
     from snakeshard.merge import merge_set
     from snakeshard.workflow import import_object
 
-    spec = json.loads(args.spec)
+    spec = json.loads(Path(args.spec).read_text())
     plan = json.loads((Path(args.set_dir) / "plan.json").read_text())
     runner_cls = import_object(spec["runner"], f"stages.{spec['stage']}.runner")
     record = merge_set(Path(args.set_dir), plan, args.stage_fingerprint, runner_cls)
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_plan)
 
     sp = sub.add_parser("run-shard", help="run one shard (called by the shard rule)")
-    sp.add_argument("--spec", required=True, help="stage run spec, JSON")
+    sp.add_argument("--spec", required=True, help="stage run spec: a JSON file (spec.json beside plan.json)")
     sp.add_argument("--shard", type=int, required=True)
     sp.add_argument("--shard-dir", required=True)
     sp.add_argument("--fingerprint", required=True)
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_run_shard)
 
     sp = sub.add_parser("merge", help="validate and merge all shards of a stage/dataset (called by the merge rule)")
-    sp.add_argument("--spec", required=True)
+    sp.add_argument("--spec", required=True, help="stage run spec: a JSON file")
     sp.add_argument("--set-dir", required=True)
     sp.add_argument("--stage-fingerprint", required=True)
     sp.set_defaults(func=cmd_merge)

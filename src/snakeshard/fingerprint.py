@@ -1,7 +1,8 @@
 """Fingerprints: what a shard's result depends on, as a short hex digest.
 
 A stage fingerprint covers the runner and provider import paths, the provider
-config, batch size, the dataset spec, snakeshard's version and the identity
+config (less the keys the stage lists in ``fingerprint_ignore``: options such as
+worker counts or fault injection that do not change results), batch size, the dataset spec, snakeshard's version and the identity
 (path, size, mtime) of every model file named in the provider config. A shard's
 fingerprint adds the digest of its keys. The Snakefile passes it as a rule
 ``param``, so a change reruns the shard; merge refuses a shard whose ``done``
@@ -55,7 +56,8 @@ def file_identity(path: str) -> list:
 
 def stage_fingerprint(spec: dict, version: str) -> str:
     """Fingerprint of everything but the keys; ``spec`` is the stage's run spec (see workflow.py)."""
-    provider_config = spec.get("provider_config", {})
+    ignored = set(spec.get("fingerprint_ignore", []))
+    provider_config = {k: v for k, v in spec.get("provider_config", {}).items() if k not in ignored}
     payload = {
         "runner": spec["runner"],
         "provider": spec["provider"],

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from snakeshard import __version__
+from snakeshard.atomic import write_if_changed
 from snakeshard.errors import ConfigError
 from snakeshard.fingerprint import shard_fingerprint, stage_fingerprint
 from snakeshard.plan import ensure_plan
@@ -105,6 +106,7 @@ def run_spec(config: dict, stage: str, dataset: str) -> dict:
         "runner": s["runner"],
         "provider": s["provider"],
         "provider_config": s.get("provider_config") or {},
+        "fingerprint_ignore": s.get("fingerprint_ignore") or [],
         "batch_size": s.get("batch_size"),
         "dataset": {"name": dataset, **config["datasets"][dataset]},
     }
@@ -121,7 +123,6 @@ class Workflow:
         self.config = config
         self.out = output_dir(config)
         self.plans: dict[tuple[str, str], dict] = {}
-        self.specs: dict[tuple[str, str], str] = {}
         self.stage_fps: dict[tuple[str, str], str] = {}
         self.shard_fps: dict[tuple[str, str], list[str]] = {}
         for stage, ds in stage_sets(config):
@@ -129,7 +130,10 @@ class Workflow:
             plan = ensure_plan(set_dir(config, stage, ds), spec["dataset"], config["stages"][stage]["sharding"])
             fp = stage_fingerprint(spec, __version__)
             self.plans[stage, ds] = plan
-            self.specs[stage, ds] = json.dumps(spec, sort_keys=True)
+            # Jobs read the spec from this file, not from a rule param: options listed in
+            # fingerprint_ignore may change without rerunning shards, so they must not be params.
+            spec_text = json.dumps(spec, indent=1, sort_keys=True) + "\n"
+            write_if_changed(Path(set_dir(config, stage, ds)) / "spec.json", spec_text)
             self.stage_fps[stage, ds] = fp
             self.shard_fps[stage, ds] = [shard_fingerprint(fp, s["keys_digest"]) for s in plan["shards"]]
 

@@ -1,7 +1,13 @@
 # Parse-time setup: validate the config, plan every stage/dataset (cached in plan.json),
 # compute fingerprints. The shard count must be known here so `snakemake -n` lists every shard job.
+import os
 import sys
 from pathlib import Path
+
+# Runner/provider modules next to the workflow are importable, as they are in shard jobs
+# (`python -m snakeshard` puts the working directory on sys.path).
+if os.getcwd() not in sys.path:
+    sys.path.insert(0, os.getcwd())
 
 from snakeshard.workflow import SCHEMA, Workflow, stage_resources, stage_sets, validate_config
 

@@ -10,10 +10,9 @@ rule merge:
     log:
         f"{WF.out}/{{stage}}/{{dataset}}/logs/merge.log",
     params:
-        spec=lambda w: WF.specs[w.stage, w.dataset],
         stage_fingerprint=lambda w: WF.stage_fps[w.stage, w.dataset],
     localrule: True
     shell:
-        "{PYTHON} -m snakeshard merge --spec {params.spec:q}"
+        "{PYTHON} -m snakeshard merge --spec {WF.out}/{wildcards.stage}/{wildcards.dataset}/spec.json"
         " --set-dir {WF.out}/{wildcards.stage}/{wildcards.dataset}"
         " --stage-fingerprint {params.stage_fingerprint} > {log} 2>&1"

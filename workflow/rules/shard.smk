@@ -12,12 +12,12 @@ rule shard:
     params:
         # A changed fingerprint (config, model files, keys) reruns the shard.
         fingerprint=lambda w: WF.shard_fps[w.stage, w.dataset][int(w.shard)],
-        spec=lambda w: WF.specs[w.stage, w.dataset],
     threads: lambda w: stage_resources(config, w.stage)["cpus_per_task"]
     resources:
         mem_mb=lambda w: stage_resources(config, w.stage)["mem_mb"],
         runtime=lambda w: stage_resources(config, w.stage)["runtime"],
     shell:
-        "{PYTHON} -m snakeshard run-shard --spec {params.spec:q} --shard {wildcards.shard}"
+        "{PYTHON} -m snakeshard run-shard --shard {wildcards.shard}"
+        " --spec {WF.out}/{wildcards.stage}/{wildcards.dataset}/spec.json"
         " --shard-dir {WF.out}/{wildcards.stage}/{wildcards.dataset}/split.{wildcards.shard}"
         " --fingerprint {params.fingerprint} --log {log} > {log} 2>&1"
