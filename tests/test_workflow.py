@@ -112,10 +112,12 @@ def _wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _shard_process(shard: int):
-    for proc in psutil.process_iter(["cmdline"]):
+def _shard_process(workdir: Path, shard: int):
+    """The `snakeshard run-shard` process of ``shard`` running in ``workdir`` (other test runs may be alive)."""
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
         cmd = proc.info["cmdline"] or []
-        if "run-shard" in cmd and "--shard" in cmd and cmd[cmd.index("--shard") + 1] == str(shard):
+        if ("run-shard" in cmd and proc.info["cwd"] == str(workdir)
+                and cmd[cmd.index("--shard") + 1] == str(shard)):
             return proc
     return None
 
@@ -147,7 +149,7 @@ def test_kill9_of_a_shard_then_rerun_is_byte_identical(workdir, clean_demo_text)
     _slow_demo(workdir)
     driver = subprocess.Popen([sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2"],
                               cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    victim = _wait_for(lambda: _shard_process(0), 60, "shard 0 to start")
+    victim = _wait_for(lambda: _shard_process(workdir, 0), 60, "shard 0 to start")
     _wait_for(lambda: (workdir / SET / "split.0/.attempt").exists(), 30, "shard 0 to claim its dir")
     time.sleep(1.5)  # mid-run: the model is loaded and some items are done
     victim.send_signal(signal.SIGKILL)
@@ -168,7 +170,7 @@ def test_kill9_of_the_driver_then_unlock_and_rerun_incomplete(workdir, clean_dem
     _slow_demo(workdir)
     driver = subprocess.Popen([sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2"],
                               cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_for(lambda: _shard_process(0) and _shard_process(1), 60, "both shards to start")
+    _wait_for(lambda: _shard_process(workdir, 0) and _shard_process(workdir, 1), 60, "both shards to start")
     time.sleep(1.0)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
@@ -178,7 +180,7 @@ def test_kill9_of_the_driver_then_unlock_and_rerun_incomplete(workdir, clean_dem
     assert run_snakemake(workdir, "--unlock").returncode == 0
     rerun = run_snakemake(workdir)  # the local profile sets rerun-incomplete
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    _wait_for(lambda: not _shard_process(0) and not _shard_process(1), 60, "orphaned shards to end")
+    _wait_for(lambda: not _shard_process(workdir, 0) and not _shard_process(workdir, 1), 60, "orphaned shards to end")
     assert (workdir / SET / "text").read_bytes() == clean_demo_text
     # an orphaned attempt must not have replaced the rerun's done record afterwards
     for n in (0, 1):
