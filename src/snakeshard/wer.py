@@ -25,8 +25,7 @@ def word_error_rate(ref_path: str, hyp_path: str):
     if missing:
         raise DataError(f"{hyp_path}: no hypothesis for {len(missing)} reference key(s), e.g. {missing[:5]}")
     keys = list(ref)
-    # jiwer rejects empty strings; an empty hypothesis is all deletions, so score it as such.
-    return jiwer.process_words([ref[k] or "<empty>" for k in keys], [hyp[k] or "" for k in keys]), len(keys)
+    return jiwer.process_words([ref[k] for k in keys], [hyp[k] for k in keys]), len(keys)
 
 
 def format_wer(result, hyp_path: str, ref_path: str) -> str:

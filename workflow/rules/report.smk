@@ -8,7 +8,8 @@ rule wer:
         ref=lambda w: WER_REPORTS[w.stage, w.dataset],
     output:
         f"{WF.out}/{{stage}}/{{dataset}}/wer.txt",
+    params:
+        hyp=lambda w: f"{WF.out}/{w.stage}/{w.dataset}/text",
     localrule: True
-    shell:
-        "{PYTHON} -m snakeshard wer --hyp {WF.out}/{wildcards.stage}/{wildcards.dataset}/text"
-        " --ref {input.ref} --out {output}"
+    script:
+        "../../scripts/report_wer.py"

@@ -12,6 +12,8 @@ rule shard:
     params:
         # A changed fingerprint (config, model files, keys) reruns the shard.
         fingerprint=lambda w: WF.shard_fps[w.stage, w.dataset][int(w.shard)],
+    conda:
+        "../../envs/snakeshard.yaml"
     threads: lambda w: stage_resources(config, w.stage)["cpus_per_task"]
     resources:
         mem_mb=lambda w: stage_resources(config, w.stage)["mem_mb"],
