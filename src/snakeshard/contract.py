@@ -69,9 +69,9 @@ class FieldWriters:
         self.shard_dir = Path(shard_dir)
         self.files: dict[str, Any] = {}
 
-    def _open(self, name: str):
+    def _open(self, name: str, key: str):
         if "/" in name or name in ("keys", "done") or name.startswith("."):
-            raise ContractError(f"result field {name!r} cannot be used as a file name")
+            raise ContractError(f"item {key!r}: result field {name!r} cannot be used as a file name")
         f = open(self.shard_dir / name, "w", encoding="utf-8")
         self.files[name] = f
         return f
@@ -91,7 +91,7 @@ class FieldWriters:
                 value = str(value)
             if "\n" in value:
                 raise ContractError(f"item {key!r}: field {name!r} holds a newline, which would break the {name} file")
-            (files.get(name) or self._open(name)).write(f"{key} {value}\n")
+            (files.get(name) or self._open(name, key)).write(f"{key} {value}\n")
 
     def close(self) -> list[str]:
         for f in self.files.values():
@@ -108,6 +108,8 @@ class BaseRunner:
     """
 
     batch_size: int | None = None  # None: forward gets one key; N: lists of up to N keys
+    # Without output_dir, the in-process call returns results and runs no writer hooks
+    # and no finalize_state (there is no shard dir to write into).
 
     def __init__(self, provider: EnvironmentProvider, *, output_dir=None, batch_size: int | None = None,
                  progress: bool = False):

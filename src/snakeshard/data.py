@@ -55,6 +55,13 @@ def _is_pipe(value: str) -> bool:
     return value.endswith("|")
 
 
+def _seconds(value, where: str, what: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise DataError(f"{where}: {what} {value!r} is not a number of seconds") from None
+
+
 def _read_kaldi_dir(path: Path) -> list[Item]:
     wav_scp = path / "wav.scp"
     if not wav_scp.is_file():
@@ -82,7 +89,9 @@ def _read_kaldi_dir(path: Path) -> list[Item]:
             where = f"{segments}:{line_no}"
             if len(parts) != 3:
                 raise DataError(f"{where}: expected 'utt rec start end', got {key + ' ' + value!r}")
-            rec, start, end = parts[0], float(parts[1]), float(parts[2])
+            rec = parts[0]
+            start = _seconds(parts[1], where, f"start of {key!r}")
+            end = _seconds(parts[2], where, f"end of {key!r}")
             if rec not in wavs:
                 raise DataError(f"{where}: utterance {key!r} names recording {rec!r}, which is not in {wav_scp}")
             items.append(
@@ -91,7 +100,7 @@ def _read_kaldi_dir(path: Path) -> list[Item]:
 
     utt2dur = path / "utt2dur"
     if utt2dur.is_file() and not segments.is_file():
-        durations = {k: float(v) for k, v, _ in _read_kaldi_table(utt2dur)}
+        durations = {k: _seconds(v, f"{utt2dur}:{n}", f"duration of {k!r}") for k, v, n in _read_kaldi_table(utt2dur)}
         for item in items:
             item.seconds = durations.get(item.key)
     return items
@@ -117,9 +126,12 @@ def _read_jsonl(path: Path, spec: dict) -> list[Item]:
             if not isinstance(key, str):
                 raise DataError(f"{where}: key field {key_field!r} must be a string, got {key!r}")
             seconds = record.get(duration_field)
+            audio = record.get(audio_field)
+            if audio is not None and not isinstance(audio, str):
+                raise DataError(f"{where}: audio field {audio_field!r} must be a path string, got {audio!r}")
             items.append(
-                Item(key, where, audio=record.get(audio_field),
-                     seconds=float(seconds) if seconds is not None else None, fields=record)
+                Item(key, where, audio=audio, fields=record,
+                     seconds=_seconds(seconds, where, f"{duration_field!r} of {key!r}") if seconds is not None else None)
             )
     return items
 

@@ -115,6 +115,9 @@ def merge_fragments(shard_dirs: list[Path], output_dir: Path) -> list[str]:
 def merge_set(set_dir: Path, plan: dict, stage_fp: str, runner_cls) -> dict:
     """Validate all shards of one stage/dataset, let the runner merge them, record ``merged.json``."""
     set_dir = Path(set_dir)
+    # A merge run by hand (outside Snakemake, which deletes outputs first) must not leave an old
+    # merged.json claiming completeness over files this merge may fail halfway through rewriting.
+    (set_dir / "merged.json").unlink(missing_ok=True)
     shard_dirs = check_shards(set_dir, plan, stage_fp)
     files = runner_cls.merge(shard_dirs, set_dir) or []
     record = {"items": plan["num_items"], "shards": plan["num_shards"], "fingerprint": stage_fp, "files": list(files)}

@@ -62,7 +62,7 @@ def split_by_budget(costs: list[float], budget: float) -> list[int]:
     starts = [0]
     running = 0.0
     for i, cost in enumerate(costs):
-        if running > 0 and running + cost > budget:
+        if i > starts[-1] and running + cost > budget:
             starts.append(i)
             running = 0.0
         running += cost

@@ -117,13 +117,13 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
                     bar.update(len(current))
     except ShardError:
         raise
-    except Exception as e:
+    except SnakeshardError as e:  # snakeshard's own message already names the item
+        raise ShardError(f"{where}: {e}") from None
+    except Exception as e:  # the user's code: keep its traceback (printed to the log by the CLI)
         what = f"item {current!r}" if not isinstance(current, list) else f"batch {current!r}"
-        detail = str(e) if isinstance(e, SnakeshardError) else f"{type(e).__name__}: {e}"
-        raise ShardError(f"{where}: {what} failed: {detail}") from e
+        raise ShardError(f"{where}: {what} failed: {type(e).__name__}: {e}") from e
 
-    if collect:
-        runner_cls.finalize_state(state, None, **env)
+    if collect:  # nothing is written in-process without an output dir, finalize_state included
         return results
     fragments = runner_cls.close_writers(writers, state, **env) or []
     runner_cls.finalize_state(state, shard_dir, **env)

@@ -30,6 +30,8 @@ def load_config(path: str | os.PathLike) -> dict:
             return yaml.safe_load(f) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file {path} not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
 
 
 def validate_config(config: dict, schema_path: str | os.PathLike) -> None:
@@ -70,6 +72,39 @@ def check_import_path(path: str, where: str) -> None:
         raise ConfigError(f"{where}: cannot import {path!r}: {e}") from None
     if found is None:
         raise ConfigError(f"{where}: cannot import {path!r}: no module named {module!r}")
+    if found.origin and found.origin.endswith(".py") and attr not in _top_level_names(found.origin):
+        raise ConfigError(f"{where}: cannot import {path!r}: module {module!r} ({found.origin}) defines no {attr!r}")
+
+
+def _top_level_names(source_path: str) -> set[str] | _AnyName:
+    """Names a module binds at top level, read with ``ast`` (importing it could load a model).
+
+    A star import or a module ``__getattr__`` can bind any name: then every name is accepted.
+    """
+    import ast
+
+    tree = ast.parse(Path(source_path).read_bytes())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return _AnyName()
+                names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            return _AnyName()  # conditional definitions: do not guess
+    return _AnyName() if "__getattr__" in names else names
+
+
+class _AnyName:
+    def __contains__(self, name) -> bool:
+        return True
 
 
 def import_object(path: str, where: str = "import path"):

@@ -1,0 +1,287 @@
+"""Bad data, config and runner code fed to real `snakemake` (and `snakeshard plan`) runs.
+
+Every case must fail with a non-zero exit and a message naming what to fix (key, file, line,
+config key path), and must not destroy results computed before. Data and config errors
+happen while the Snakefile is parsed (planning runs at parse time), so `-n` dry runs see them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import (PROJECT, TOY_MODULE, WORKFLOW_PARTS, make_kaldi_dir, read_config, run_cli, run_snakemake,
+                      write_config)
+
+ERROR_PREFIX = "snakeshard: error: "
+WAV = "data/demo/wav/cards-001.wav"
+@pytest.fixture
+def toy(toy_workdir: Path) -> Path:
+    """conftest's toy workflow (40 keys, 4 shards, toy.UpperRunner)."""
+    return toy_workdir
+
+
+def output(proc) -> str:
+    return proc.stdout + proc.stderr
+
+
+def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``root`` with its bytes and mtime."""
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def append_line(wd: Path, line: str) -> None:
+    with open(wd / "data/toy/wav.scp", "a") as f:
+        f.write(line + "\n")
+
+
+def use_jsonl(wd: Path, keys: list[str]) -> None:
+    """Point dataset 'toy' at a JSON Lines file holding ``keys``."""
+    (wd / "data/x.jsonl").write_text("".join(json.dumps({"key": k, "audio": WAV}) + "\n" for k in keys))
+    config = read_config(wd)
+    config["datasets"]["toy"] = {"path": "data/x.jsonl", "format": "jsonl"}
+    write_config(wd, config)
+
+
+def set_stage(wd: Path, **changes) -> None:
+    config = read_config(wd)
+    config["stages"]["upper"].update(changes)
+    write_config(wd, config)
+
+
+def set_top(wd: Path, **changes) -> None:
+    config = read_config(wd)
+    config.update(changes)
+    write_config(wd, config)
+
+
+# (id, edit of a working toy workflow, substrings the error must contain)
+DATA_CASES = [
+    ("missing-audio", lambda wd: append_line(wd, "utt040 data/toy/missing.wav"),
+     ["1 audio file(s) not found", "key 'utt040'", "data/toy/missing.wav", "data/toy/wav.scp:41"]),
+    ("duplicate-key", lambda wd: append_line(wd, f"utt007 {WAV}"),
+     ["duplicate key(s)", "'utt007'", "data/toy/wav.scp:41", "first at data/toy/wav.scp:8"]),
+    ("kaldi-key-with-space", lambda wd: append_line(wd, "utt 1 data/x.wav"),
+     ["data/toy/wav.scp:41", "'utt 1 data/x.wav'", "keys and paths must be free of whitespace"]),
+    ("jsonl-key-with-space", lambda wd: use_jsonl(wd, ["a", "b", "a b", "c"]),
+     ["key(s) are empty or contain whitespace", "'a b'", "data/x.jsonl:3"]),
+    ("empty-key-list", lambda wd: (wd / "data/toy/wav.scp").write_text(""),
+     ["dataset data/toy has no items", "key list is empty"]),
+    ("blank-line", lambda wd: append_line(wd, ""),
+     ["data/toy/wav.scp:41: empty line"]),
+]
+
+# (id, config edit, substrings naming the config key path)
+CONFIG_CASES = [
+    ("num-shards-0", lambda wd: set_stage(wd, sharding={"num_shards": 0}),
+     ["stages.upper.sharding.num_shards", "0 is less than the minimum of 1"]),
+    ("unknown-top-level-key", lambda wd: set_top(wd, shards=4),
+     ["(top level)", "'shards' was unexpected"]),
+    ("misspelt-stage-key", lambda wd: set_stage(wd, provider_conifg={}),
+     ["stages.upper", "'provider_conifg' was unexpected"]),
+    ("both-num-shards-and-shard-size", lambda wd: set_stage(wd, sharding={"num_shards": 2, "shard_size": 5}),
+     ["stages.upper.sharding", "exactly one of num_shards, shard_size, shard_seconds", "['num_shards', 'shard_size']"]),
+    ("no-sharding-mode", lambda wd: set_stage(wd, sharding={}),
+     ["stages.upper.sharding", "exactly one of num_shards, shard_size, shard_seconds"]),
+    ("undefined-dataset", lambda wd: set_stage(wd, datasets=["toy", "dev"]),
+     ["stages.upper.datasets", "'dev' is not defined under datasets", "['toy']"]),
+    ("bad-dataset-format", lambda wd: set_top(wd, datasets={"toy": {"path": "data/toy", "format": "csv"}}),
+     ["datasets.toy.format", "'csv'"]),
+    ("batch-size-0", lambda wd: set_stage(wd, batch_size=0),
+     ["stages.upper.batch_size", "less than the minimum of 1"]),
+    ("unknown-runner-module", lambda wd: set_stage(wd, runner="nosuchpkg.Runner"),
+     ["stages.upper.runner", "'nosuchpkg.Runner'", "no module named 'nosuchpkg'"]),
+    ("unknown-provider-module", lambda wd: set_stage(wd, provider="nosuchpkg.sub.Provider"),
+     ["stages.upper.provider", "'nosuchpkg.sub.Provider'"]),
+    ("runner-not-an-import-path", lambda wd: set_stage(wd, runner="UpperRunner"),
+     ["stages.upper.runner", "'UpperRunner' is not an import path"]),
+]
+
+
+@pytest.mark.parametrize("edit, expected", [c[1:] for c in DATA_CASES], ids=[c[0] for c in DATA_CASES])
+def test_bad_data_fails_dry_run_naming_key_and_file(toy, edit, expected):
+    """Bad wav.scp / jsonl fed to `snakemake -n`: non-zero exit, message names key, file and line; nothing planned on disk."""
+    edit(toy)
+    proc = run_snakemake(toy, "-n")
+    assert proc.returncode != 0
+    for text in expected:
+        assert text in output(proc), (text, output(proc)[-2000:])
+    assert not (toy / "results").exists()
+
+
+@pytest.mark.parametrize("edit, expected", [c[1:] for c in CONFIG_CASES], ids=[c[0] for c in CONFIG_CASES])
+def test_bad_config_fails_dry_run_naming_key_path(toy, edit, expected):
+    """A config breaking the schema or a cross-reference fed to `snakemake -n`: non-zero exit, message names the key path."""
+    edit(toy)
+    proc = run_snakemake(toy, "-n")
+    assert proc.returncode != 0
+    for text in expected:
+        assert text in output(proc), (text, output(proc)[-2000:])
+    assert not (toy / "results").exists()
+
+
+PRESERVE_CASES = DATA_CASES + [c for c in CONFIG_CASES if c[0] in ("unknown-runner-module", "undefined-dataset")]
+
+
+@pytest.fixture(scope="module")
+def finished_toy(tmp_path_factory) -> Path:
+    """The toy workflow of conftest's ``toy_workdir`` (40 keys, 4 shards), run to completion once per module."""
+    wd = tmp_path_factory.mktemp("finished") / "wf"
+    wd.mkdir()
+    for part in WORKFLOW_PARTS:
+        src = PROJECT / part
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, wd / part)
+    (wd / "toy.py").write_text(TOY_MODULE)
+    make_kaldi_dir(wd / "data/toy", [f"utt{i:03d}" for i in range(40)], Path(WAV))
+    write_config(wd, {
+        "output_dir": "results",
+        "datasets": {"toy": {"path": "data/toy", "format": "kaldi"}},
+        "stages": {"upper": {"runner": "toy.UpperRunner", "provider": "toy.ToyProvider", "provider_config": {},
+                             "datasets": ["toy"], "sharding": {"num_shards": 4}}},
+    })
+    proc = run_snakemake(wd)
+    assert proc.returncode == 0, output(proc)[-3000:]
+    assert (wd / "results/upper/toy/merged.json").is_file()
+    assert len(list((wd / "results/upper/toy").glob("split.*/done"))) == 4
+    return wd
+
+
+@pytest.mark.parametrize("edit, expected", [c[1:] for c in PRESERVE_CASES], ids=[c[0] for c in PRESERVE_CASES])
+def test_bad_input_after_success_keeps_results(finished_toy, tmp_path, edit, expected):
+    """Breaks data or config of a completed workflow and runs snakemake again: fails naming the problem, results/ untouched."""
+    wd = tmp_path / "wf"
+    shutil.copytree(finished_toy, wd, symlinks=True)  # copy2 keeps mtimes, so nothing looks newer than before
+    results = wd / "results"
+    before = snapshot(results)
+
+    edit(wd)
+    proc = run_snakemake(wd)
+    assert proc.returncode != 0
+    for text in expected:
+        assert text in output(proc), (text, output(proc)[-2000:])
+    assert snapshot(results) == before
+
+
+def test_missing_runner_class_fails_at_parse_naming_class_and_key(toy):
+    """runner 'toy.NoSuchRunner' (module exists, class does not): found by reading the module's source at parse, no job runs."""
+    set_stage(toy, runner="toy.NoSuchRunner")
+    proc = run_snakemake(toy)
+    assert proc.returncode != 0
+    assert "stages.upper.runner: cannot import 'toy.NoSuchRunner': module 'toy'" in output(proc)
+    assert "defines no 'NoSuchRunner'" in output(proc)
+    assert not list((toy / "results/upper/toy").glob("split.*/done"))
+    assert not list((toy / "results/upper/toy").glob("logs/split.*.log"))
+
+
+def test_runner_class_missing_at_job_time_fails_the_shard_naming_it(toy):
+    """A module that binds names dynamically (star import) passes the parse check; the job then names the class and key."""
+    (toy / "dyn.py").write_text("from toy import *\n")
+    set_stage(toy, runner="dyn.NoSuchRunner", provider="toy.ToyProvider")
+    proc = run_snakemake(toy)
+    assert proc.returncode != 0
+    set_dir = toy / "results/upper/toy"
+    for n in range(4):
+        log = (set_dir / f"logs/split.{n}.log").read_text()
+        assert log.strip().splitlines()[-1] == (
+            ERROR_PREFIX + "stages.upper.runner: module 'dyn' has no attribute 'NoSuchRunner'"), log
+        assert not (set_dir / f"split.{n}/done").exists()
+    assert not (set_dir / "merged.json").exists()
+    assert "NoSuchRunner" in output(proc)  # show-failed-logs puts it on the console too
+
+
+NEWLINE_RUNNER = '''
+from snakeshard import BaseRunner
+
+
+class NewlineRunner(BaseRunner):
+    @staticmethod
+    def forward(key, **env):
+        return {"text": "first line\\nsecond line" if key == "utt013" else key.upper()}
+'''
+
+
+def test_forward_value_with_newline_fails_its_shard_only(toy):
+    """A runner returns a value holding a newline for utt013: that shard fails naming key and field, no done; others finish."""
+    (toy / "nl.py").write_text(NEWLINE_RUNNER)
+    set_stage(toy, runner="nl.NewlineRunner")
+    proc = run_snakemake(toy)
+    assert proc.returncode != 0
+    set_dir = toy / "results/upper/toy"
+    bad = next(n for n in range(4) if "utt013\n" in (set_dir / f"split.{n}/keys").read_text())
+    log = (set_dir / f"logs/split.{bad}.log").read_text()
+    last = log.strip().splitlines()[-1]
+    assert last.startswith(ERROR_PREFIX + f"shard {bad} "), log
+    assert "item 'utt013'" in last and "field 'text' holds a newline" in last
+    assert not (set_dir / f"split.{bad}/done").exists()
+    good = [n for n in range(4) if n != bad]
+    for n in good:
+        assert (set_dir / f"split.{n}/done").is_file()
+    assert not (set_dir / "merged.json").exists()
+
+    # Fix the runner and rerun: only the failed shard runs again; finished shards are kept byte for byte.
+    kept = {n: (set_dir / f"split.{n}/done").read_bytes() for n in good}
+    fixed = NEWLINE_RUNNER.replace('"first line\\nsecond line"', '"fixed"')
+    assert fixed != NEWLINE_RUNNER
+    (toy / "nl.py").write_text(fixed)
+    again = run_snakemake(toy)
+    assert again.returncode == 0, output(again)[-3000:]
+    assert {n: (set_dir / f"split.{n}/done").read_bytes() for n in good} == kept
+    assert "utt013 fixed\n" in (set_dir / "text").read_text()
+
+
+@pytest.mark.parametrize("edit, expected", [c[1:] for c in DATA_CASES[:5]], ids=[c[0] for c in DATA_CASES[:5]])
+def test_plan_cli_on_bad_dataset_prints_one_line(toy, edit, expected):
+    """`snakeshard plan` on bad data: exit 1, stdout empty, stderr one line 'snakeshard: error: ...' naming the problem."""
+    edit(toy)
+    proc = run_cli(toy, "plan")
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(ERROR_PREFIX), proc.stderr
+    for text in expected:
+        assert text in lines[0]
+    assert not (toy / "results").exists()
+
+
+def write_utt2dur(wd: Path, bad_line: int) -> None:
+    keys = [line.split()[0] for line in (wd / "data/toy/wav.scp").read_text().splitlines()]
+    (wd / "data/toy/utt2dur").write_text(
+        "".join(f"{k} {'1.x' if n == bad_line else '1.0'}\n" for n, k in enumerate(keys, 1)))
+
+
+def write_segments(wd: Path) -> None:
+    (wd / "data/toy/segments").write_text("seg1 utt000 0 1.0\nseg2 utt000 1.0 2,5\n")
+
+
+def write_jsonl(wd: Path, records: list[dict]) -> None:
+    (wd / "data/x.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = read_config(wd)
+    config["datasets"]["toy"] = {"path": "data/x.jsonl", "format": "jsonl"}
+    write_config(wd, config)
+
+
+BAD_FIELD_CASES = [
+    ("utt2dur-not-a-number", lambda wd: write_utt2dur(wd, 3), ["data/toy/utt2dur:3"]),
+    ("segments-not-a-number", write_segments, ["data/toy/segments:2", "seg2"]),
+    ("jsonl-duration-not-a-number",
+     lambda wd: write_jsonl(wd, [{"key": "a", "audio": WAV, "duration": 1}, {"key": "b", "audio": WAV, "duration": "1.2s"}]),
+     ["data/x.jsonl:2", "duration"]),
+    ("jsonl-audio-not-a-string", lambda wd: write_jsonl(wd, [{"key": "a", "audio": 7}]),
+     ["data/x.jsonl:1", "audio"]),
+]
+
+
+@pytest.mark.parametrize("edit, expected", [c[1:] for c in BAD_FIELD_CASES], ids=[c[0] for c in BAD_FIELD_CASES])
+def test_plan_cli_on_malformed_field_names_file_and_line(toy, edit, expected):
+    """A non-numeric duration / segment time or a non-string jsonl audio: `snakeshard plan` prints one line naming file:line."""
+    edit(toy)
+    proc = run_cli(toy, "plan")
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(ERROR_PREFIX), proc.stderr
+    for text in expected:
+        assert text in lines[0]

@@ -1,0 +1,204 @@
+"""Merge validation over shard dirs produced in-process by run_shard: refuse anything incomplete or inconsistent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from snakeshard import BaseRunner
+from snakeshard.errors import MergeError
+from snakeshard.fingerprint import shard_fingerprint
+from snakeshard.merge import merge_set
+from snakeshard.plan import ensure_plan, read_shard_keys
+from snakeshard.shard import run_shard
+
+STAGE_FP = "stagefp0123456789abc"
+KEYS = [f"utt{i:02d}" for i in range(10)]
+
+
+class UpperRunner(BaseRunner):
+    @staticmethod
+    def forward(key):
+        return {"text": f"{key.upper()} words"}
+
+
+class ScpRunner(BaseRunner):
+    """Writes ``feats.scp`` (a path per key, from env) next to ``text``."""
+
+    @staticmethod
+    def forward(key, *, paths):
+        return {"text": key, "feats.scp": paths[key]}
+
+
+def make_set(tmp_path: Path, runner_cls=UpperRunner, env=None, num_shards: int = 3) -> tuple[Path, dict]:
+    """Plan KEYS (a jsonl dataset) into shards under tmp_path/set and run every shard; returns (set_dir, plan)."""
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"key": k}) + "\n" for k in KEYS))
+    set_dir = tmp_path / "set"
+    plan = ensure_plan(set_dir, {"path": str(data), "format": "jsonl"}, {"num_shards": num_shards})
+    for shard in plan["shards"]:
+        run_one(set_dir, shard, runner_cls, env or {})
+    return set_dir, plan
+
+
+def run_one(set_dir: Path, shard: dict, runner_cls, env: dict, fingerprint: str | None = None) -> None:
+    shard_dir = set_dir / f"split.{shard['shard']}"
+    fp = fingerprint or shard_fingerprint(STAGE_FP, shard["keys_digest"])
+    run_shard(runner_cls, env, read_shard_keys(shard_dir), shard_dir, shard_id=shard["shard"], fingerprint=fp,
+              progress=False)
+
+
+def refuse(set_dir: Path, plan: dict, runner_cls=UpperRunner, stage_fp: str = STAGE_FP) -> str:
+    """Run merge_set expecting a MergeError; check it wrote no merged.json; return the message."""
+    with pytest.raises(MergeError) as e:
+        merge_set(set_dir, plan, stage_fp, runner_cls)
+    assert not (set_dir / "merged.json").exists()
+    return str(e.value)
+
+
+def test_happy_path_concatenates_in_shard_order(tmp_path):
+    """Three done shards: merged text is the shard fragments concatenated in shard order (= dataset order); merged.json written."""
+    set_dir, plan = make_set(tmp_path)
+    assert plan["num_shards"] == 3
+    record = merge_set(set_dir, plan, STAGE_FP, UpperRunner)
+    expected = b"".join((set_dir / f"split.{n}/text").read_bytes() for n in range(3))
+    assert (set_dir / "text").read_bytes() == expected
+    assert expected == "".join(f"{k} {k.upper()} words\n" for k in KEYS).encode()
+    assert json.loads((set_dir / "merged.json").read_text()) == record == {
+        "items": 10, "shards": 3, "fingerprint": STAGE_FP, "files": ["text"]}
+
+
+def test_merge_accepts_reordered_fragment(tmp_path):
+    """A fragment holding its shard's keys in another order (e.g. a device pool): merged as written."""
+    set_dir, plan = make_set(tmp_path)
+    frag = set_dir / "split.1/text"
+    lines = frag.read_text().splitlines(keepends=True)
+    frag.write_text("".join(reversed(lines)))
+    merge_set(set_dir, plan, STAGE_FP, UpperRunner)
+    parts = [(set_dir / f"split.{n}/text").read_text() for n in range(3)]
+    assert parts[1] == "".join(reversed(lines))
+    assert (set_dir / "text").read_text() == "".join(parts)
+
+
+def test_refuses_missing_done(tmp_path):
+    """split.1/done deleted: MergeError naming shard 1 and its done path; no merged text, no merged.json."""
+    set_dir, plan = make_set(tmp_path)
+    (set_dir / "split.1/done").unlink()
+    msg = refuse(set_dir, plan)
+    assert "shard 1 is not done" in msg and f"{set_dir}/split.1/done missing" in msg
+    assert "shard 0" not in msg and "shard 2" not in msg
+    assert not (set_dir / "text").exists()
+
+
+def test_refuses_done_with_another_fingerprint(tmp_path):
+    """Shard 2 rerun under another fingerprint (config changed): MergeError naming shard 2 and both fingerprints."""
+    set_dir, plan = make_set(tmp_path)
+    run_one(set_dir, plan["shards"][2], UpperRunner, {}, fingerprint="0ld0ld0ld0ld0ld0ld00")
+    msg = refuse(set_dir, plan)
+    expected = shard_fingerprint(STAGE_FP, plan["shards"][2]["keys_digest"])
+    assert "shard 2 was computed with fingerprint 0ld0ld0ld0ld0ld0ld00" in msg
+    assert f"expected {expected}" in msg
+    assert not (set_dir / "text").exists()
+
+
+def test_refuses_when_stage_fingerprint_changed(tmp_path):
+    """All shards done, but merge asked with a new stage fingerprint: MergeError listing shards 0, 1 and 2."""
+    set_dir, plan = make_set(tmp_path)
+    msg = refuse(set_dir, plan, stage_fp="newstagefp0000000000")
+    for n in range(3):
+        assert f"shard {n} was computed with fingerprint" in msg
+
+
+def test_refuses_done_for_other_keys(tmp_path):
+    """A done whose item count and keys digest differ from the plan: MergeError naming the shard and both counts."""
+    set_dir, plan = make_set(tmp_path)
+    done_path = set_dir / "split.0/done"
+    done = json.loads(done_path.read_text())
+    done.update(items=99, keys_digest="ffffffffffffffffffff")
+    done_path.write_text(json.dumps(done))
+    msg = refuse(set_dir, plan)
+    assert "shard 0: done records 99 items / keys ffffffffffffffffffff" in msg
+    assert f"plan has {plan['shards'][0]['items']} / {plan['shards'][0]['keys_digest']}" in msg
+
+
+def edit_fragment(path: Path, edit) -> None:
+    lines = path.read_text().split("\n")[:-1]
+    path.write_text("".join(line + "\n" for line in edit(lines)))
+
+
+def test_refuses_fragment_with_duplicate_key(tmp_path):
+    """split.1/text repeats its first line: MergeError naming split.1/text and the duplicated key."""
+    set_dir, plan = make_set(tmp_path)
+    edit_fragment(set_dir / "split.1/text", lambda lines: lines + lines[:1])
+    first = read_shard_keys(set_dir / "split.1")[0]
+    msg = refuse(set_dir, plan)
+    assert f"{set_dir}/split.1/text: duplicate key(s) [{first!r}]" in msg
+
+
+def test_refuses_fragment_missing_a_key(tmp_path):
+    """split.2/text lost its last line: MergeError naming split.2/text and the missing key."""
+    set_dir, plan = make_set(tmp_path)
+    edit_fragment(set_dir / "split.2/text", lambda lines: lines[:-1])
+    msg = refuse(set_dir, plan)
+    assert f"{set_dir}/split.2/text: missing key(s) ['utt09'] of 1" in msg
+
+
+def test_refuses_fragment_with_unplanned_line(tmp_path):
+    """A value with a newline written by hand into split.0/text: MergeError naming the file and the bogus 'key'."""
+    set_dir, plan = make_set(tmp_path)
+    edit_fragment(set_dir / "split.0/text",
+                  lambda lines: [line.replace("UTT01 words", "UTT01\nsecond line") for line in lines])
+    msg = refuse(set_dir, plan)
+    assert f"{set_dir}/split.0/text: line(s) with unplanned key(s) ['second']" in msg
+    assert "newline" in msg
+
+
+def test_refuses_truncated_fragment(tmp_path):
+    """split.1/text cut mid-line (no final newline): MergeError naming the file as not newline-terminated."""
+    set_dir, plan = make_set(tmp_path)
+    frag = set_dir / "split.1/text"
+    frag.write_bytes(frag.read_bytes()[:-4])
+    msg = refuse(set_dir, plan)
+    assert f"{set_dir}/split.1/text: last line is not newline-terminated" in msg
+    assert not (set_dir / "text").exists()
+
+
+def test_refuses_missing_fragment_file(tmp_path):
+    """split.2/text deleted while its done still lists it: MergeError naming split.2/text as missing."""
+    set_dir, plan = make_set(tmp_path)
+    (set_dir / "split.2/text").unlink()
+    msg = refuse(set_dir, plan)
+    assert f"{set_dir}/split.2/text: fragment missing" in msg
+
+
+def test_scp_fragment_paths_are_checked(tmp_path, monkeypatch):
+    """An .scp fragment pointing utt07 at a missing file: MergeError naming the key, the path and the fragment."""
+    monkeypatch.chdir(tmp_path)
+    Path("feats.ark").write_bytes(b"x")
+    Path("feats").mkdir()
+    paths = {k: "feats.ark:" + str(i * 10) for i, k in enumerate(KEYS)}  # kaldiio ark offsets
+    paths["utt03"] = "feats.ark:30[0:5]"
+    paths["utt05"] = "feats/utt05.npy"
+    Path(paths["utt05"]).write_bytes(b"x")
+    paths["utt07"] = "feats/gone.npy"
+    set_dir, plan = make_set(tmp_path, ScpRunner, {"paths": paths})
+    shard = next(s["shard"] for s in plan["shards"] if "utt07" in read_shard_keys(set_dir / f"split.{s['shard']}"))
+    msg = refuse(set_dir, plan, ScpRunner)
+    assert f"split.{shard}/feats.scp: key 'utt07' points at feats/gone.npy, which does not exist" in msg
+
+    Path("feats/gone.npy").write_bytes(b"x")
+    record = merge_set(set_dir, plan, STAGE_FP, ScpRunner)
+    assert record["files"] == ["feats.scp", "text"] or record["files"] == ["text", "feats.scp"]
+    assert (set_dir / "feats.scp").read_text() == "".join(f"{k} {paths[k]}\n" for k in KEYS)
+
+
+def test_failed_merge_after_success_leaves_no_merged_json(tmp_path):
+    """Merge succeeds, then a fragment is truncated and merge runs again: it fails and no (stale) merged.json remains."""
+    set_dir, plan = make_set(tmp_path)
+    merge_set(set_dir, plan, STAGE_FP, UpperRunner)
+    assert (set_dir / "merged.json").is_file()
+    frag = set_dir / "split.1/text"
+    frag.write_bytes(frag.read_bytes()[:-1])
+    refuse(set_dir, plan)

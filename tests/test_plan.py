@@ -1,0 +1,297 @@
+"""Unit tests of snakeshard.plan: contiguous cost-balanced splitting, budgets, determinism, plan.json caching."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from snakeshard.data import Item
+from snakeshard.errors import ConfigError, DataError
+from snakeshard.fingerprint import keys_digest
+from snakeshard.plan import (
+    ensure_plan,
+    make_plan,
+    plan_shards,
+    read_shard_keys,
+    split_by_budget,
+    split_contiguous,
+)
+
+PROJECT = Path(__file__).resolve().parents[1]
+DEMO_WAV = PROJECT / "data/demo/wav/cards-001.wav"
+# data/demo/utt2dur, in wav.scp order
+DEMO_DURATIONS = [1.095, 1.96, 1.538, 1.554, 3.502, 7.1, 2.99, 5.3, 6.05, 3.29]
+
+
+def shard_costs(costs: list[float], starts: list[int]) -> list[float]:
+    ends = starts[1:] + [len(costs)]
+    return [sum(costs[a:b]) for a, b in zip(starts, ends)]
+
+
+def shard_sizes(starts: list[int], n: int) -> list[int]:
+    return [b - a for a, b in zip(starts, starts[1:] + [n])]
+
+
+def kaldi_dir(path: Path, keys: list[str], durations: list[float] | None = None) -> dict:
+    """A Kaldi data dir (every key -> the same existing wav), optionally with utt2dur; returns its spec."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "wav.scp").write_text("".join(f"{k} {DEMO_WAV}\n" for k in keys))
+    if durations is not None:
+        (path / "utt2dur").write_text("".join(f"{k} {d}\n" for k, d in zip(keys, durations)))
+    return {"path": str(path), "format": "kaldi"}
+
+
+def items(costs: list[float | None]) -> list[Item]:
+    return [Item(f"k{i:03d}", f"test:{i + 1}", seconds=c) for i, c in enumerate(costs)]
+
+
+# -- split_contiguous ---------------------------------------------------------------------------
+
+def test_split_contiguous_balances_durations():
+    """Feeds the demo durations into 2 shards: the cut must balance seconds (16.7 / 17.6 s), not item counts (5 / 5)."""
+    starts = split_contiguous(DEMO_DURATIONS, 2)
+    assert starts == [0, 6]
+    a, b = shard_costs(DEMO_DURATIONS, starts)
+    assert abs(a - b) < 1.0
+
+
+def test_split_contiguous_uniform_costs_sizes_differ_by_at_most_one():
+    """Feeds n equal costs into k shards (all n, k up to 40): min(n, k) shards, sizes within 1 of each other."""
+    for n in range(1, 41):
+        for k in range(1, n + 3):
+            starts = split_contiguous([1.0] * n, k)
+            sizes = shard_sizes(starts, n)
+            assert len(starts) == min(n, k), (n, k, starts)
+            assert min(sizes) >= 1, (n, k, sizes)
+            assert max(sizes) - min(sizes) <= 1, (n, k, sizes)
+
+
+def test_split_contiguous_random_costs_never_empty_and_near_balanced():
+    """Feeds 2000 seeded random cost lists: no empty shard, starts strictly increasing, no shard over mean + largest item."""
+    rng = random.Random(1234)
+    for _ in range(2000):
+        n = rng.randint(1, 50)
+        k = rng.randint(1, 60)
+        costs = [rng.choice([rng.uniform(0.1, 2), rng.uniform(0.1, 40)]) for _ in range(n)]
+        starts = split_contiguous(costs, k)
+        assert starts[0] == 0
+        assert len(starts) == min(n, k)
+        assert all(b > a for a, b in zip(starts, starts[1:] + [n])), (costs, k, starts)
+        per_shard = shard_costs(costs, starts)
+        assert max(per_shard) <= sum(costs) / len(starts) + max(costs) + 1e-9, (costs, k, starts)
+
+
+def test_split_contiguous_heavy_items_still_one_item_per_shard():
+    """Feeds one huge item then small ones into 3 shards: 3 non-empty shards, the huge item alone in the first."""
+    costs = [100.0, 1.0, 1.0, 1.0]
+    assert split_contiguous(costs, 3) == [0, 1, 2]
+    costs = [1.0, 1.0, 1.0, 1.0, 100.0]
+    starts = split_contiguous(costs, 3)
+    assert len(starts) == 3 and starts[-1] == 4  # the 100 s item stands alone at the end
+
+
+def test_num_shards_greater_than_items_caps_at_items():
+    """Asks for 10 shards of 3 items: gets 3 shards of one item each, none empty."""
+    shards = plan_shards(items([1.0, 2.0, 3.0]), {"num_shards": 10})
+    assert [[i.key for i in s] for s in shards] == [["k000"], ["k001"], ["k002"]]
+
+
+def test_num_shards_uses_counts_when_some_duration_is_unknown():
+    """Gives durations for all items but one: num_shards must balance counts, not the partial seconds."""
+    costs = [100.0, None, 1.0, 1.0, 1.0, 1.0]
+    shards = plan_shards(items(costs), {"num_shards": 2})
+    assert [len(s) for s in shards] == [3, 3]
+
+
+# -- shard_size / shard_seconds ----------------------------------------------------------------
+
+def test_shard_size_makes_fixed_size_shards_with_a_short_last_one():
+    """Plans 23 items with shard_size 5: shards of 5,5,5,5,3 in file order."""
+    shards = plan_shards(items([1.0] * 23), {"shard_size": 5})
+    assert [len(s) for s in shards] == [5, 5, 5, 5, 3]
+    assert [i.key for s in shards for i in s] == [f"k{i:03d}" for i in range(23)]
+
+
+def test_shard_seconds_budget_and_long_item_stands_alone():
+    """Plans durations under a 10 s budget: each shard stays within it, and a 25 s item is a shard by itself."""
+    costs = [4.0, 4.0, 3.0, 25.0, 2.0, 2.0, 6.0, 9.0]
+    shards = plan_shards(items(costs), {"shard_seconds": 10})
+    seconds = [[i.seconds for i in s] for s in shards]
+    assert seconds == [[4.0, 4.0], [3.0], [25.0], [2.0, 2.0, 6.0], [9.0]]
+    assert split_by_budget(costs, 10) == [0, 2, 3, 4, 7]
+
+
+def test_shard_seconds_reads_durations_from_audio_headers(tmp_path):
+    """Plans a Kaldi dir without utt2dur by shard_seconds: durations come from the wav headers (1.095 s each)."""
+    spec = kaldi_dir(tmp_path / "data", [f"u{i}" for i in range(5)])
+    plan, keys = make_plan(spec, {"shard_seconds": 2.5})
+    assert keys == [["u0", "u1"], ["u2", "u3"], ["u4"]]
+    assert [s["seconds"] for s in plan["shards"]] == [2.191, 2.191, 1.095]
+
+
+def test_sharding_needs_exactly_one_mode():
+    """Gives both num_shards and shard_size (and then neither): ConfigError naming the modes."""
+    with pytest.raises(ConfigError, match=r"exactly one of num_shards, shard_size, shard_seconds; got \['num_shards', 'shard_size'\]"):
+        plan_shards(items([1.0]), {"num_shards": 2, "shard_size": 1})
+    with pytest.raises(ConfigError, match="got none"):
+        plan_shards(items([1.0]), {})
+
+
+# -- make_plan / determinism ---------------------------------------------------------------------
+
+def test_make_plan_is_deterministic(tmp_path):
+    """Plans the same dataset twice (and a copy of it elsewhere): identical keys and per-shard records."""
+    keys = [f"utt{i:03d}" for i in range(37)]
+    durs = [1.0 + (i * 7 % 11) for i in range(37)]
+    a = kaldi_dir(tmp_path / "a", keys, durs)
+    b = kaldi_dir(tmp_path / "b", keys, durs)
+    plan1, keys1 = make_plan(a, {"num_shards": 6})
+    plan2, keys2 = make_plan(a, {"num_shards": 6})
+    plan3, keys3 = make_plan(b, {"num_shards": 6})
+    assert keys1 == keys2 == keys3
+    assert plan1["shards"] == plan2["shards"] == plan3["shards"]
+    assert plan1 == plan2
+
+
+def test_make_plan_rejects_missing_audio_naming_key_path_and_line(tmp_path):
+    """Plans a wav.scp whose third line points at a missing file: DataError with key, path and wav.scp:3."""
+    d = kaldi_dir(tmp_path / "d", ["a", "b"])
+    with open(tmp_path / "d/wav.scp", "a") as f:
+        f.write(f"c {tmp_path}/nope.wav\n")
+    with pytest.raises(DataError) as e:
+        make_plan(d, {"num_shards": 2})
+    msg = str(e.value)
+    assert "'c'" in msg and f"{tmp_path}/nope.wav" in msg and "wav.scp:3" in msg
+
+
+def test_jsonl_dataset_with_key_field_and_durations(tmp_path):
+    """Plans a JSON Lines file keyed by 'id' with 'dur' seconds: keys come from 'id', shards balance 'dur'."""
+    records = [{"id": f"rec-{i}", "dur": d, "text": "x"} for i, d in enumerate([8, 1, 1, 1, 1, 1, 1, 1, 1])]
+    path = tmp_path / "set.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + "\n")  # a trailing blank line is allowed
+    spec = {"path": str(path), "format": "jsonl", "key_field": "id", "duration_field": "dur"}
+    plan, keys = make_plan(spec, {"num_shards": 2})
+    assert keys == [["rec-0"], [f"rec-{i}" for i in range(1, 9)]]
+    assert plan["num_items"] == 9 and plan["total_seconds"] == 16
+    assert [(s["items"], s["seconds"]) for s in plan["shards"]] == [(1, 8), (8, 8)]
+
+
+def test_jsonl_record_without_key_field_names_line(tmp_path):
+    """Plans a JSON Lines file whose 2nd record lacks key_field 'id': DataError naming file:2 and 'id'."""
+    path = tmp_path / "set.jsonl"
+    path.write_text('{"id": "a"}\n{"key": "b"}\n')
+    with pytest.raises(DataError, match=rf"{path}:2: record has no key field 'id'"):
+        make_plan({"path": str(path), "format": "jsonl", "key_field": "id"}, {"num_shards": 1})
+
+
+# -- ensure_plan caching -------------------------------------------------------------------------
+
+def mtimes(set_dir: Path) -> dict[str, int]:
+    return {str(p.relative_to(set_dir)): p.stat().st_mtime_ns for p in sorted(set_dir.rglob("*")) if p.is_file()}
+
+
+def age_files(set_dir: Path, ns: int = 1_000_000_000_000_000_000) -> None:
+    """Set every file's mtime to a fixed past instant, so a rewrite is detectable at any clock resolution."""
+    for p in set_dir.rglob("*"):
+        if p.is_file():
+            os.utime(p, ns=(ns, ns))
+
+
+def test_ensure_plan_writes_plan_json_and_keys(tmp_path):
+    """Plans 10 keys with durations into 3 shards: plan.json is JSON with items/seconds per shard, split.N/keys hold the keys."""
+    keys = [f"u{i}" for i in range(10)]
+    spec = kaldi_dir(tmp_path / "data", keys, DEMO_DURATIONS)
+    set_dir = tmp_path / "results/s/d"
+    plan = ensure_plan(set_dir, spec, {"num_shards": 3})
+    on_disk = json.loads((set_dir / "plan.json").read_text())
+    assert on_disk == plan
+    assert on_disk["num_shards"] == 3 and on_disk["num_items"] == 10
+    assert on_disk["total_seconds"] == round(sum(DEMO_DURATIONS), 3)
+    got_keys = []
+    for rec in on_disk["shards"]:
+        shard_keys = read_shard_keys(set_dir / f"split.{rec['shard']}")
+        assert (set_dir / f"split.{rec['shard']}/keys").read_bytes() == "".join(k + "\n" for k in shard_keys).encode()
+        assert rec["items"] == len(shard_keys)
+        assert rec["seconds"] == round(sum(DEMO_DURATIONS[keys.index(k)] for k in shard_keys), 3)
+        assert rec["keys_digest"] == keys_digest(shard_keys)
+        assert (rec["first_key"], rec["last_key"]) == (shard_keys[0], shard_keys[-1])
+        got_keys += shard_keys
+    assert got_keys == keys
+
+
+def test_ensure_plan_second_call_rewrites_nothing(tmp_path):
+    """Calls ensure_plan twice on unchanged data: same plan, and plan.json and every split.N/keys keep their mtime."""
+    spec = kaldi_dir(tmp_path / "data", [f"u{i:02d}" for i in range(40)])
+    set_dir = tmp_path / "set"
+    first = ensure_plan(set_dir, spec, {"num_shards": 4})
+    age_files(set_dir)
+    before = mtimes(set_dir)
+    assert len(before) == 5  # plan.json + 4 keys files
+    second = ensure_plan(set_dir, spec, {"num_shards": 4})
+    assert second == first
+    assert mtimes(set_dir) == before
+
+
+def test_ensure_plan_after_data_change_rewrites_only_changed_shards(tmp_path):
+    """Renames one key in shard 2 (shard_size 10) and appends 3 keys: only split.2 and a new split.4 are written."""
+    keys = [f"u{i:02d}" for i in range(40)]
+    spec = kaldi_dir(tmp_path / "data", keys)
+    set_dir = tmp_path / "set"
+    ensure_plan(set_dir, spec, {"shard_size": 10})
+    age_files(set_dir)
+    before = mtimes(set_dir)
+
+    keys[25] = "u25-renamed"
+    kaldi_dir(tmp_path / "data", keys + ["v1", "v2", "v3"])
+    plan = ensure_plan(set_dir, spec, {"shard_size": 10})
+
+    after = mtimes(set_dir)
+    assert plan["num_shards"] == 5
+    for n in (0, 1, 3):
+        assert after[f"split.{n}/keys"] == before[f"split.{n}/keys"], n
+    assert after["split.2/keys"] != before["split.2/keys"]
+    assert "u25-renamed\n" in (set_dir / "split.2/keys").read_text()
+    assert read_shard_keys(set_dir / "split.4") == ["v1", "v2", "v3"]
+    assert after["plan.json"] != before["plan.json"]
+    assert json.loads((set_dir / "plan.json").read_text())["num_items"] == 43
+
+
+def test_ensure_plan_replans_when_sharding_config_changes(tmp_path):
+    """Changes num_shards 4 -> 2 on unchanged data: the cached plan is not reused, plan.json says 2 shards."""
+    spec = kaldi_dir(tmp_path / "data", [f"u{i:02d}" for i in range(8)])
+    set_dir = tmp_path / "set"
+    assert ensure_plan(set_dir, spec, {"num_shards": 4})["num_shards"] == 4
+    assert ensure_plan(set_dir, spec, {"num_shards": 2})["num_shards"] == 2
+    assert json.loads((set_dir / "plan.json").read_text())["num_shards"] == 2
+    assert read_shard_keys(set_dir / "split.0") == ["u00", "u01", "u02", "u03"]
+
+
+def test_ensure_plan_replans_when_a_keys_file_is_missing(tmp_path):
+    """Deletes split.1/keys after planning: the next ensure_plan writes it again with the same keys."""
+    spec = kaldi_dir(tmp_path / "data", [f"u{i}" for i in range(6)])
+    set_dir = tmp_path / "set"
+    ensure_plan(set_dir, spec, {"num_shards": 3})
+    expected = (set_dir / "split.1/keys").read_bytes()
+    (set_dir / "split.1/keys").unlink()
+    ensure_plan(set_dir, spec, {"num_shards": 3})
+    assert (set_dir / "split.1/keys").read_bytes() == expected
+
+
+def test_ensure_plan_on_bad_data_keeps_previous_plan(tmp_path):
+    """Plans, then adds a duplicate key: DataError names both lines, and plan.json / keys stay byte-identical."""
+    spec = kaldi_dir(tmp_path / "data", ["a", "b", "c", "d"])
+    set_dir = tmp_path / "set"
+    ensure_plan(set_dir, spec, {"num_shards": 2})
+    age_files(set_dir)
+    before = {p: (set_dir / p).read_bytes() for p in mtimes(set_dir)}
+    before_mtimes = mtimes(set_dir)
+    with open(tmp_path / "data/wav.scp", "a") as f:
+        f.write(f"b {DEMO_WAV}\n")
+    with pytest.raises(DataError, match=r"'b' \(.*wav.scp:5, first at .*wav.scp:2\)"):
+        ensure_plan(set_dir, spec, {"num_shards": 2})
+    assert {p: (set_dir / p).read_bytes() for p in mtimes(set_dir)} == before
+    assert mtimes(set_dir) == before_mtimes
