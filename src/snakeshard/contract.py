@@ -93,6 +93,30 @@ class FieldWriters:
                 raise ContractError(f"item {key!r}: field {name!r} holds a newline, which would break the {name} file")
             (files.get(name) or self._open(name, key)).write(f"{key} {value}\n")
 
+    def write_many(self, keys: list[str], results: list) -> bool:
+        """Write a slice of results in one go when all are plain: dicts with the same str fields,
+        no ``key`` field, no newline. Returns False, having written nothing, for anything else."""
+        if not results or set(map(type, results)) != {dict}:
+            return False
+        names = list(results[0])
+        if "key" in names or sum(map(len, results)) != len(names) * len(results):
+            return False
+        blocks = []
+        for name in names:
+            try:
+                values = [r[name] for r in results]
+            except KeyError:  # same field count, other names
+                return False
+            if set(map(type, values)) != {str}:
+                return False
+            text = "".join([f"{k} {v}\n" for k, v in zip(keys, values)])
+            if text.count("\n") != len(keys):  # a value held a newline
+                return False
+            blocks.append((name, text))
+        for name, text in blocks:
+            (self.files.get(name) or self._open(name, keys[0])).write(text)
+        return True
+
     def close(self) -> list[str]:
         for f in self.files.values():
             f.close()

@@ -22,7 +22,7 @@ def digest(text: str) -> str:
 
 def keys_text(keys: list[str]) -> str:
     """The exact bytes of a ``split.N/keys`` file: one key per line."""
-    return "".join(f"{k}\n" for k in keys)
+    return "\n".join(keys) + "\n" if keys else ""
 
 
 def keys_digest(keys: list[str]) -> str:

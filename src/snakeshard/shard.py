@@ -11,6 +11,7 @@ rename, and only if this attempt still owns the directory (a driver killed with
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -44,19 +45,22 @@ def clear_shard_dir(shard_dir: Path) -> str:
     return token
 
 
-def _batches(keys: list[str], batch_size: int):
-    for i in range(0, len(keys), batch_size):
-        yield keys[i:i + batch_size]
+# With the default writers, items are processed in slices so per-item bookkeeping (progress,
+# validation, writes) is paid per slice. Slices grow while they finish fast and shrink when items
+# are slow, so the progress line of a slow model (seconds per item) still moves item by item.
+# Runners with their own write_record/reduce_state keep slices of one item (or one batch).
+MAX_SLICE = 4096
+FAST_SLICE_S, SLOW_SLICE_S = 0.05, 0.5
 
 
-def _progress(keys, enabled: bool, desc: str):
+def _progress_bar(total: int, enabled: bool, desc: str):
     if not enabled:
-        return keys
+        return None
     from tqdm import tqdm
 
     # Logs are files, not terminals: a redraw every 10 s keeps them readable.
     interval = 0.1 if sys.stderr.isatty() else 10.0
-    return tqdm(keys, desc=desc, mininterval=interval, file=sys.stderr, unit="item")
+    return tqdm(total=total, desc=desc, mininterval=interval, file=sys.stderr, unit="item")
 
 
 def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: int = 0,
@@ -70,6 +74,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
     where = f"shard {shard_id}" + (f" (log: {log_path})" if log_path else "")
     kwargs = injected_kwargs(runner_cls, env)
     forward = runner_cls.forward
+    call = functools.partial(forward, **kwargs)
     collect = shard_dir is None
     started = time.time()
     if not collect:
@@ -80,7 +85,8 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
     writers = None if collect else runner_cls.open_writers(shard_dir, **env)
     reduce_state = runner_cls.reduce_state if overrides(runner_cls, "reduce_state") else None
     custom_write = overrides(runner_cls, "write_record")
-    write = None if collect or custom_write else writers.write
+    # The bulk path: default writers, nothing else to call per item.
+    write_many = getattr(writers, "write_many", None) if not (custom_write or reduce_state) else None
     results = [] if collect else None
 
     def handle(result, key):
@@ -93,28 +99,49 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
             state = reduce_state(state, result, **env)
         if collect:
             results.append(result)
-        elif write is not None:
-            write(result)
-        else:
+        elif custom_write:
             runner_cls.write_record(writers, result, state, **env)
+        else:
+            writers.write(result)
 
+    bar = _progress_bar(len(keys), progress, f"shard {shard_id}")
+    size = batch_size or 1
     current = None
     try:
-        if not batch_size:
-            for current in _progress(keys, progress, f"shard {shard_id}"):
-                handle(forward(current, **kwargs), current)
-        else:
-            bar = _progress(keys, progress, f"shard {shard_id}")
-            for current in _batches(keys, batch_size):
-                out = forward(current, **kwargs)
-                if not isinstance(out, (list, tuple)) or len(out) != len(current):
+        i = 0
+        while i < len(keys):
+            chunk = keys[i:i + size]
+            t0 = time.perf_counter()
+            if batch_size:
+                current = chunk
+                out = forward(chunk, **kwargs)
+                if not isinstance(out, (list, tuple)) or len(out) != len(chunk):
                     got = len(out) if isinstance(out, (list, tuple)) else type(out).__name__
-                    raise ShardError(f"{where}: batch {current[0]!r}..{current[-1]!r}: forward returned {got} "
-                                     f"results for {len(current)} keys")
-                for key, result in zip(current, out):
+                    raise ShardError(f"{where}: batch {chunk[0]!r}..{chunk[-1]!r}: forward returned {got} "
+                                     f"results for {len(chunk)} keys")
+            else:
+                out = []
+                current = chunk[0]
+                # list.extend keeps what map produced before an exception, so the failing key is chunk[len(out)]
+                try:
+                    out.extend(map(call, chunk))
+                except Exception:
+                    current = chunk[len(out)]
+                    raise
+            # write_many declines (returns False) anything unusual; per-item handling then
+            # writes it or raises the precise error.
+            if write_many is None or not write_many(chunk, out):
+                for key, result in zip(chunk, out):
                     handle(result, key)
-                if progress:
-                    bar.update(len(current))
+            i += len(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+            if write_many is not None and not batch_size:  # custom hooks keep forward/write interleaved
+                elapsed = time.perf_counter() - t0
+                if elapsed < FAST_SLICE_S:
+                    size = min(size * 2, MAX_SLICE)
+                elif elapsed > SLOW_SLICE_S:
+                    size = max(size // 2, 1)
     except ShardError:
         raise
     except SnakeshardError as e:  # snakeshard's own message already names the item
@@ -122,6 +149,9 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
     except Exception as e:  # the user's code: keep its traceback (printed to the log by the CLI)
         what = f"item {current!r}" if not isinstance(current, list) else f"batch {current!r}"
         raise ShardError(f"{where}: {what} failed: {type(e).__name__}: {e}") from e
+    finally:
+        if bar is not None:
+            bar.close()
 
     if collect:  # nothing is written in-process without an output dir, finalize_state included
         return results
@@ -140,5 +170,5 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
     }
     if (shard_dir / ATTEMPT_FILE).read_text() != token:
         raise ShardError(f"{where}: another attempt took over {shard_dir} while this one ran; not writing done")
-    atomic_write_json(shard_dir / "done", done)
+    atomic_write_json(shard_dir / "done", done, fsync=False)
     return done
