@@ -16,6 +16,7 @@ Kept compatible in spirit with ESPnet3's parallel runner:
 from __future__ import annotations
 
 import inspect
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +25,7 @@ from snakeshard.errors import ContractError
 # Names the shard loop passes to hooks itself; an env entry with one of these names would clash.
 RESERVED_ENV_NAMES = frozenset({"shard_dir", "writers", "result", "state"})
 SCALAR_TYPES = (str, int, float, bool)
+_PLAIN_TYPES = frozenset(SCALAR_TYPES)  # exact types whose f-string is str(value)
 
 
 class EnvironmentProvider:
@@ -94,20 +96,19 @@ class FieldWriters:
             (files.get(name) or self._open(name, key)).write(f"{key} {value}\n")
 
     def write_many(self, keys: list[str], results: list) -> bool:
-        """Write a slice of results in one go when all are plain: dicts with the same str fields,
-        no ``key`` field, no newline. Returns False, having written nothing, for anything else."""
-        if not results or set(map(type, results)) != {dict}:
-            return False
-        names = list(results[0])
-        if "key" in names or sum(map(len, results)) != len(names) * len(results):
+        """Write a slice of results in one go when all are plain: dicts with the same scalar fields,
+        no ``key`` field, no newline. Returns False, having written nothing, for anything else
+        (the caller then goes item by item, which writes or raises the precise error)."""
+        try:
+            names = list(results[0])
+            if "key" in names or sum(map(len, results)) != len(names) * len(results):
+                return False
+            columns = [list(map(itemgetter(name), results)) for name in names]
+        except (TypeError, KeyError, IndexError):  # not mappings, or same field count with other names
             return False
         blocks = []
-        for name in names:
-            try:
-                values = [r[name] for r in results]
-            except KeyError:  # same field count, other names
-                return False
-            if set(map(type, values)) != {str}:
+        for name, values in zip(names, columns):
+            if not set(map(type, values)) <= _PLAIN_TYPES:
                 return False
             text = "".join([f"{k} {v}\n" for k, v in zip(keys, values)])
             if text.count("\n") != len(keys):  # a value held a newline
