@@ -360,6 +360,38 @@ def test_forward_exception_names_item_and_shard(tmp_path):
     assert not (tmp_path / "done").exists()
 
 
+class BatchFails(BaseRunner):
+    batch_size = 3
+
+    @staticmethod
+    def forward(batch):
+        if "k4" in batch:
+            raise ValueError("bad batch")
+        return [{"text": k} for k in batch]
+
+
+def test_batch_forward_exception_names_the_batch(tmp_path):
+    """A batch forward raises on the batch k3..k5: ShardError naming its first/last key and size; earlier batches kept."""
+    with pytest.raises(ShardError, match=r"shard 0: batch 'k3'..'k5' \(3 keys\) failed: ValueError: bad batch"):
+        BatchFails(DictProvider({}), output_dir=tmp_path)(KEYS)
+    assert not (tmp_path / "done").exists()
+
+
+def test_forward_exception_deep_in_a_slice_names_that_item(tmp_path):
+    """Items run in growing slices: a failure at item 300 of 1000 still names exactly that key."""
+    keys = [f"u{i:04d}" for i in range(1000)]
+
+    class FailsAt300(BaseRunner):
+        @staticmethod
+        def forward(key):
+            if key == "u0300":
+                raise RuntimeError("boom")
+            return {"text": key}
+
+    with pytest.raises(ShardError, match=r"item 'u0300' failed: RuntimeError: boom"):
+        FailsAt300(DictProvider({}), output_dir=tmp_path)(keys)
+
+
 @pytest.mark.parametrize("runner_cls, message", [
     (ReturnsString, r"item 'k0': forward returned str, expected a dict of fields"),
     (ReturnsOtherKey, r"item 'k0': forward returned a result for key 'zzz'"),
@@ -372,3 +404,30 @@ def test_bad_forward_results(runner_cls, message, tmp_path):
     with pytest.raises(ShardError, match=message):
         runner_cls(DictProvider({}), output_dir=tmp_path)(KEYS)
     assert not (tmp_path / "done").exists()
+
+
+class MixedFields(BaseRunner):
+    @staticmethod
+    def forward(key):
+        n = int(key[1:])
+        if n == 700:
+            return {"n": n, "f": n / 8, "b": n % 2 == 0, "s": "x y"}  # a value with a space
+        return {"n": n, "f": n / 8, "b": n % 2 == 0, "s": f"{key} z"}
+
+
+class MixedFieldsPerItem(MixedFields):
+    @staticmethod
+    def reduce_state(state, result):  # any reduce_state keeps the per-item path
+        return state
+
+
+def test_bulk_and_per_item_writes_give_identical_bytes(tmp_path):
+    """int/float/bool/str fields over 2000 keys: the sliced bulk path writes the same bytes as the per-item path."""
+    keys = [f"k{i}" for i in range(2000)]
+    bulk = MixedFields(DictProvider({}), output_dir=tmp_path / "bulk")(keys)
+    per_item = MixedFieldsPerItem(DictProvider({}), output_dir=tmp_path / "item")(keys)
+    assert bulk["fragments"] == per_item["fragments"] == ["b", "f", "n", "s"]
+    for name in bulk["fragments"]:
+        assert (tmp_path / "bulk" / name).read_bytes() == (tmp_path / "item" / name).read_bytes()
+    assert (tmp_path / "bulk/f").read_text().splitlines()[700] == "k700 87.5"
+    assert (tmp_path / "bulk/b").read_text().splitlines()[3] == "k3 False"

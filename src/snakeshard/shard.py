@@ -147,7 +147,10 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
     except SnakeshardError as e:  # snakeshard's own message already names the item
         raise ShardError(f"{where}: {e}") from None
     except Exception as e:  # the user's code: keep its traceback (printed to the log by the CLI)
-        what = f"item {current!r}" if not isinstance(current, list) else f"batch {current!r}"
+        if isinstance(current, list):
+            what = f"batch {current[0]!r}..{current[-1]!r} ({len(current)} keys)"
+        else:
+            what = f"item {current!r}"
         raise ShardError(f"{where}: {what} failed: {type(e).__name__}: {e}") from e
     finally:
         if bar is not None:
