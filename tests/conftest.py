@@ -26,6 +26,8 @@ from snakeshard.data import load_dataset
 
 class ToyProvider(EnvironmentProvider):
     def build_env_local(self):
+        # allocate_mb: hold this much touched memory for the whole job (to trigger memory limits)
+        self.ballast = b"\\x01" * (int(self.config.get("allocate_mb", 0)) * 1024 * 1024)
         return {
             "dataset": load_dataset(self.config["dataset"]),
             "fail_on_keys": set(self.config.get("fail_on_keys", [])),
@@ -74,11 +76,7 @@ def make_kaldi_dir(path: Path, keys: list[str], wav: Path) -> Path:
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     """A fresh copy of the project's workflow (Snakefile, rules, config, demo data) to run snakemake in."""
-    wd = tmp_path / "wf"
-    wd.mkdir()
-    for part in WORKFLOW_PARTS:
-        src = PROJECT / part
-        (shutil.copytree if src.is_dir() else shutil.copy2)(src, wd / part)
+    wd = copy_workflow(tmp_path / "wf")
     (wd / "toy.py").write_text(TOY_MODULE)
     return wd
 
@@ -103,3 +101,20 @@ def toy_workdir(workdir: Path) -> Path:
     }
     write_config(workdir, config)
     return workdir
+
+
+def copy_workflow(wd: Path) -> Path:
+    wd.mkdir(parents=True)
+    for part in WORKFLOW_PARTS:
+        src = PROJECT / part
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, wd / part)
+    return wd
+
+
+@pytest.fixture(scope="session")
+def clean_demo_text(tmp_path_factory) -> bytes:
+    """The merged demo hypotheses of one uninterrupted local run, to compare other runs against."""
+    wd = copy_workflow(tmp_path_factory.mktemp("clean") / "wf")
+    run = run_snakemake(wd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return (wd / "results/asr/demo/text").read_bytes()

@@ -21,8 +21,8 @@ TOY = Path("results/upper/toy")
 
 
 def executed_shards(stdout_and_err: str) -> list[int]:
-    """Shard ids of the `rule shard` jobs a snakemake run (or dry run) lists."""
-    return sorted(int(m) for m in re.findall(r"rule shard:\n(?:    .*\n)*?    wildcards: .*shard=(\d+)", stdout_and_err))
+    """Shard ids of the `rule shard_<stage>` jobs a snakemake run (or dry run) lists."""
+    return sorted(int(m) for m in re.findall(r"rule shard_\w+:\n(?:    .*\n)*?    wildcards: .*shard=(\d+)", stdout_and_err))
 
 
 def demo_keys(workdir: Path) -> list[str]:
@@ -129,21 +129,6 @@ def _slow_demo(workdir: Path) -> None:
     write_config(workdir, config)
 
 
-@pytest.fixture
-def clean_demo_text(tmp_path_factory) -> bytes:
-    """The merged demo hypotheses of an uninterrupted run, to compare recovered runs against."""
-    from conftest import PROJECT, WORKFLOW_PARTS
-    import shutil
-
-    wd = tmp_path_factory.mktemp("clean")
-    for part in WORKFLOW_PARTS:
-        src = PROJECT / part
-        (shutil.copytree if src.is_dir() else shutil.copy2)(src, wd / part)
-    run = run_snakemake(wd)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return (wd / SET / "text").read_bytes()
-
-
 def test_kill9_of_a_shard_then_rerun_is_byte_identical(workdir, clean_demo_text):
     """kill -9 of one shard process mid-run: no done for it, no merge; the rerun gives the clean run's bytes."""
     _slow_demo(workdir)
@@ -213,3 +198,31 @@ def test_changed_provider_config_reruns_shards_and_merge_refuses_stale(toy_workd
     assert "shard 2 was computed with fingerprint 00000000000000000000" in merge_log
     assert not (toy_workdir / TOY / "merged.json").exists()
     assert (toy_workdir / TOY / "text").read_bytes() == before  # nothing already merged was overwritten
+
+
+def test_gpu_stage_without_visible_gpu_fails_at_job_start(toy_workdir):
+    """resources.gpu: 1 on a machine whose jobs see no GPU: each shard fails at start naming the stage and the count."""
+    config = read_config(toy_workdir)
+    config["stages"]["upper"]["resources"] = {"gpu": 1}
+    write_config(toy_workdir, config)
+    run = run_snakemake(toy_workdir)
+    assert run.returncode != 0
+    log = (toy_workdir / TOY / "logs/split.0.log").read_text()
+    assert "snakeshard: error: stages.upper.resources asks for 1 GPU(s), but this job" in log
+    assert "sees 0" in log and "CUDA_VISIBLE_DEVICES=" in log
+    assert not list((toy_workdir / TOY).glob("split.*/done"))
+
+
+def test_devices_reach_the_provider_as_the_jobs_own_allocation(toy_workdir):
+    """A CPU stage's provider gets devices ['cpu'] (GPU stages get cuda:0..N-1, checked where a GPU exists)."""
+    (toy_workdir / "devprobe.py").write_text(
+        "from toy import ToyProvider, UpperRunner\n"
+        "class DevProvider(ToyProvider):\n"
+        "    def build_env_local(self):\n"
+        "        return {**super().build_env_local(), 'suffix': ' ' + ','.join(self.config['devices'])}\n"
+    )
+    config = read_config(toy_workdir)
+    config["stages"]["upper"]["provider"] = "devprobe.DevProvider"
+    write_config(toy_workdir, config)
+    assert run_snakemake(toy_workdir).returncode == 0
+    assert (toy_workdir / TOY / "text").read_text().splitlines()[0] == "utt000 UTT000 cpu"

@@ -42,6 +42,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_run_shard(args) -> int:
+    from snakeshard.devices import job_devices
     from snakeshard.plan import read_shard_keys
     from snakeshard.shard import run_shard
     from snakeshard.workflow import import_object
@@ -50,7 +51,8 @@ def cmd_run_shard(args) -> int:
     where = f"stages.{spec['stage']}"
     runner_cls = import_object(spec["runner"], f"{where}.runner")
     provider_cls = import_object(spec["provider"], f"{where}.provider")
-    provider = provider_cls({**spec["provider_config"], "dataset": spec["dataset"]})
+    devices = job_devices(spec.get("gpus", 0), spec["stage"])  # fail at job start, before loading anything
+    provider = provider_cls({**spec["provider_config"], "dataset": spec["dataset"], "devices": devices})
     keys = read_shard_keys(args.shard_dir)
     env = provider.build_worker_setup_fn()()  # once per job
     done = run_shard(runner_cls, env, keys, args.shard_dir, shard_id=args.shard, fingerprint=args.fingerprint,

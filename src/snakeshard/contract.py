@@ -33,7 +33,8 @@ class EnvironmentProvider:
 
     ``config`` is the stage's ``provider_config`` from config.yaml, plus
     ``config["dataset"]``: the spec of the dataset being processed (pass it to
-    ``snakeshard.data.load_dataset``).
+    ``snakeshard.data.load_dataset``), and in shard jobs ``config["devices"]``:
+    ``["cpu"]``, or ``["cuda:0", ...]`` for the GPUs of the job's own allocation.
     """
 
     def __init__(self, config: dict | None = None):

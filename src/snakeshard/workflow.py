@@ -19,6 +19,8 @@ from snakeshard.plan import ensure_plan
 
 SCHEMA = Path("workflow") / "schemas" / "config.schema.yaml"
 DEFAULT_RESOURCES = {"mem_mb": 2000, "runtime": 60, "cpus_per_task": 1}
+# Resources handed to the executor as they are (snakemake-executor-plugin-slurm names); unset ones are omitted.
+SLURM_PASSTHROUGH = ("slurm_partition", "slurm_account", "constraint", "slurm_extra", "gpu", "gres")
 MAX_LISTED = 5
 
 
@@ -57,6 +59,10 @@ def validate_config(config: dict, schema_path: str | os.PathLike) -> None:
         if len(modes) != 1:
             raise ConfigError(f"stages.{name}.sharding: set exactly one of num_shards, shard_size, shard_seconds "
                               f"(got {modes or 'none'})")
+        reserved = sorted({"dataset", "devices"} & set(stage.get("provider_config") or {}))
+        if reserved:
+            raise ConfigError(f"stages.{name}.provider_config.{reserved[0]}: this key is set by snakeshard "
+                              "(the dataset spec / the job's devices); rename it")
         for role in ("runner", "provider"):
             check_import_path(stage[role], f"stages.{name}.{role}")
 
@@ -143,12 +149,29 @@ def run_spec(config: dict, stage: str, dataset: str) -> dict:
         "provider_config": s.get("provider_config") or {},
         "fingerprint_ignore": s.get("fingerprint_ignore") or [],
         "batch_size": s.get("batch_size"),
+        "gpus": requested_gpus(s.get("resources") or {}),
         "dataset": {"name": dataset, **config["datasets"][dataset]},
     }
 
 
 def stage_resources(config: dict, stage: str) -> dict:
-    return {**DEFAULT_RESOURCES, **(config["stages"][stage].get("resources") or {})}
+    """A stage's job resources with defaults filled in, plus its ``retries``.
+
+    ``mem_mb`` and ``runtime`` are the first attempt's; the shard rule multiplies them by the attempt number.
+    """
+    s = config["stages"][stage]
+    return {**DEFAULT_RESOURCES, **(s.get("resources") or {}), "retries": s.get("retries", 0)}
+
+
+def requested_gpus(resources: dict) -> int:
+    """GPUs a stage asks for: ``gpu: N``, or the count in a ``gres`` like ``gpu:2`` / ``gpu:a100:2``."""
+    if resources.get("gpu"):
+        return int(resources["gpu"])
+    for part in str(resources.get("gres") or "").split(","):
+        fields = part.strip().split(":")
+        if fields[0] == "gpu":
+            return int(fields[-1]) if len(fields) > 1 and fields[-1].isdigit() else 1
+    return 0
 
 
 class Workflow:

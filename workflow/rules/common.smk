@@ -9,13 +9,14 @@ from pathlib import Path
 if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())
 
-from snakeshard.workflow import SCHEMA, Workflow, stage_resources, stage_sets, validate_config
+from snakeshard.workflow import SCHEMA, SLURM_PASSTHROUGH, Workflow, stage_resources, stage_sets, validate_config
 
 validate_config(config, Path(workflow.basedir) / SCHEMA)
 WF = Workflow(config)
 STAGE_SETS = stage_sets(config)
 # The interpreter running Snakemake also runs the jobs: no reliance on PATH inside jobs.
 PYTHON = sys.executable
+SHARD_RESOURCES = {stage: stage_resources(config, stage) for stage in config["stages"]}
 WER_REPORTS = {
     (stage, ds): config["datasets"][ds]["path"] + "/text"
     for stage, ds in STAGE_SETS

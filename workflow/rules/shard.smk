@@ -1,25 +1,50 @@
 # One job per shard: run the stage's runner over split.N/keys, write fragments, then done (atomically).
 # A `shell:` rule, not `run:`, so a job is a plain process, not a fresh Snakemake.
+# One rule per stage (`shard_<stage>`), because retries and resources are per stage; the
+# rule's resources grow with `attempt` so a retry after an out-of-memory or timeout kill gets more.
 
 
-rule shard:
-    input:
-        shard_keys=f"{WF.out}/{{stage}}/{{dataset}}/split.{{shard}}/keys",
-    output:
-        done=f"{WF.out}/{{stage}}/{{dataset}}/split.{{shard}}/done",
-    log:
-        f"{WF.out}/{{stage}}/{{dataset}}/logs/split.{{shard}}.log",
-    params:
-        # A changed fingerprint (config, model files, keys) reruns the shard.
-        fingerprint=lambda w: WF.shard_fps[w.stage, w.dataset][int(w.shard)],
-    conda:
-        "../../envs/snakeshard.yaml"
-    threads: lambda w: stage_resources(config, w.stage)["cpus_per_task"]
-    resources:
-        mem_mb=lambda w: stage_resources(config, w.stage)["mem_mb"],
-        runtime=lambda w: stage_resources(config, w.stage)["runtime"],
-    shell:
-        "{PYTHON} -m snakeshard run-shard --shard {wildcards.shard}"
-        " --spec {WF.out}/{wildcards.stage}/{wildcards.dataset}/spec.json"
-        " --shard-dir {WF.out}/{wildcards.stage}/{wildcards.dataset}/split.{wildcards.shard}"
-        " --fingerprint {params.fingerprint} --log {log} > {log} 2>&1"
+def _shard_rule_functions(stage):
+    """Per-stage closures for the rule below (a loop variable in a lambda would bind late)."""
+    res = SHARD_RESOURCES[stage]
+
+    def fingerprint(wildcards):
+        return WF.shard_fps[stage, wildcards.dataset][int(wildcards.shard)]
+
+    def escalated(name):
+        return lambda wildcards, attempt: res[name] * attempt
+
+    def fixed(name):
+        return lambda wildcards: res.get(name)  # None leaves the resource unset
+
+    resources = {name: fixed(name) for name in SLURM_PASSTHROUGH}
+    resources.update(mem_mb=escalated("mem_mb"), runtime=escalated("runtime"), cpus_per_task=fixed("cpus_per_task"))
+    return fingerprint, resources
+
+
+for _stage in config["stages"]:
+    _fingerprint, _resources = _shard_rule_functions(_stage)
+
+    rule:
+        name:
+            f"shard_{_stage}"
+        input:
+            shard_keys=f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/keys",
+        output:
+            done=f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/done",
+        log:
+            f"{WF.out}/{_stage}/{{dataset}}/logs/split.{{shard}}.log",
+        params:
+            # A changed fingerprint (config, model files, keys) reruns the shard.
+            fingerprint=_fingerprint,
+            set_dir=f"{WF.out}/{_stage}/{{dataset}}",
+        conda:
+            "../../envs/snakeshard.yaml"
+        threads: SHARD_RESOURCES[_stage]["cpus_per_task"]
+        retries: SHARD_RESOURCES[_stage]["retries"]
+        resources:
+            **_resources,
+        shell:
+            "{PYTHON} -m snakeshard run-shard --shard {wildcards.shard} --spec {params.set_dir}/spec.json"
+            " --shard-dir {params.set_dir}/split.{wildcards.shard} --fingerprint {params.fingerprint}"
+            " --log {log} > {log} 2>&1"

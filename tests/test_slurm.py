@@ -1,0 +1,149 @@
+"""The workflow on a live single-node SLURM cluster (../shared/tools/local-slurm), through the pinned plugin.
+
+Every snakemake call runs under `timeout -k` with the fast status-check flags. Skipped when no
+controller answers (`.ci/run` starts the cluster before the tests and stops it from a trap).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import read_config, run_cli, write_config
+
+
+def _cluster_up() -> bool:
+    if not shutil.which("sinfo"):
+        return False
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(not _cluster_up(), reason="no SLURM controller answers (start ../shared/tools/local-slurm)"),
+]
+
+FAST_STATUS = ["--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1"]
+SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
+TOY = Path("results/upper/toy")
+
+
+def slurm_command(*args: str, limit: int) -> list[str]:
+    return ["timeout", "-k", "10", str(limit), sys.executable, "-m", "snakemake", "--profile", "config/profiles/slurm",
+            *FAST_STATUS, *args]
+
+
+def run_slurm(workdir: Path, *args: str, limit: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(slurm_command(*args, limit=limit), cwd=workdir, capture_output=True, text=True)
+
+
+def submitted(output: str) -> dict[str, str]:
+    """SLURM job id -> its SLURM log, for every job the run submitted."""
+    return dict(SUBMITTED.findall(output))
+
+
+def sacct(job_ids) -> list[tuple[str, str, str]]:
+    """(job id, state, requested memory) per job, from the accounting database."""
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "--format=JobID,State,ReqMem"],
+                         capture_output=True, text=True, check=True).stdout
+    return [tuple(line.split("|")) for line in out.splitlines() if line]
+
+
+def set_stage(workdir: Path, stage: str, **changes) -> None:
+    config = read_config(workdir)
+    config["stages"][stage].update(changes)
+    write_config(workdir, config)
+
+
+def test_demo_through_slurm_is_byte_identical_to_local(workdir, clean_demo_text):
+    """The demo pipeline submitted as SLURM jobs: 2 shard jobs, and the merged text equals the local run's bytes."""
+    run = run_slurm(workdir)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(submitted(run.stdout + run.stderr)) == 2  # plan, merge and wer stay local
+    assert (workdir / "results/asr/demo/text").read_bytes() == clean_demo_text
+    assert "WER" in (workdir / "results/asr/demo/wer.txt").read_text()
+
+
+def test_failing_shard_reports_job_id_and_logs_and_rerun_submits_one_job(toy_workdir):
+    """A shard that raises on one key: its SLURM job id and both logs are reported; the rerun submits exactly one job."""
+    set_stage(toy_workdir, "upper", provider_config={"fail_on_keys": ["utt013"]}, fingerprint_ignore=["fail_on_keys"])
+    first = run_slurm(toy_workdir)
+    out = first.stdout + first.stderr
+    assert first.returncode != 0
+    jobs = submitted(out)
+    assert len(jobs) == 4
+    failed = re.search(r"SLURM-job '(\d+)' failed, SLURM status is: 'FAILED'", out)
+    assert failed, out[-3000:]
+    assert "toy_1/" in jobs[failed.group(1)]  # the failed job is shard 1's, and its SLURM log is named
+    assert jobs[failed.group(1)] in out and str(TOY / "logs/split.1.log") in out
+    assert "item 'utt013' failed" in (toy_workdir / TOY / "logs/split.1.log").read_text()
+    assert sorted(p.parent.name for p in (toy_workdir / TOY).glob("split.*/done")) == ["split.0", "split.2", "split.3"]
+
+    set_stage(toy_workdir, "upper", provider_config={})
+    second = run_slurm(toy_workdir)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert len(submitted(second.stdout + second.stderr)) == 1
+    assert (toy_workdir / TOY / "text").read_text().splitlines()[13] == "utt013 UTT013"
+
+
+def test_scancel_of_a_running_shard_is_reported_and_rerun_recovers(toy_workdir):
+    """scancel of shard 0's running job: the run fails naming that job as CANCELLED; a rerun resubmits it and merges."""
+    set_stage(toy_workdir, "upper", provider_config={"item_delay": 1.0}, fingerprint_ignore=["item_delay"])
+    driver = subprocess.Popen(slurm_command(limit=300), cwd=toy_workdir, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    seen = []
+    victim = None
+    for line in driver.stdout:  # read the submission lines as they come
+        seen.append(line)
+        m = SUBMITTED.search(line)
+        if m and "toy_0/" in m.group(2):
+            victim = m.group(1)
+            break
+    assert victim, "".join(seen)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until it runs (a pending job's cancellation proves less)
+        state = subprocess.run(["squeue", "-h", "-j", victim, "-o", "%T"], capture_output=True, text=True).stdout
+        if state.strip() == "RUNNING":
+            break
+        time.sleep(0.5)
+    time.sleep(3)  # mid-run: the shard is working through its 10 one-second items
+    subprocess.run(["scancel", victim], check=True)
+    rest, _ = driver.communicate(timeout=300)
+    out = "".join(seen) + rest
+    assert driver.returncode != 0
+    assert f"SLURM-job '{victim}' failed, SLURM status is: 'CANCELLED'" in out, out[-3000:]
+    assert not (toy_workdir / TOY / "split.0/done").exists()
+    assert not (toy_workdir / TOY / "merged.json").exists()
+    assert "split.0" in run_cli(toy_workdir, "status").stdout
+
+    rerun = run_slurm(toy_workdir)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert list(submitted(rerun.stdout + rerun.stderr).values())[0].count("toy_0/") == 1
+    assert len(submitted(rerun.stdout + rerun.stderr)) == 1
+    assert (toy_workdir / TOY / "text").read_text().splitlines() == [f"utt{i:03d} UTT{i:03d}" for i in range(40)]
+
+
+def test_out_of_memory_shard_is_retried_with_more_memory(toy_workdir):
+    """A shard holding ~600 MB under mem_mb 500 is killed by SLURM, retried with 1000 MB (attempt 2), and succeeds."""
+    set_stage(toy_workdir, "upper", sharding={"num_shards": 1}, retries=2,
+              resources={"mem_mb": 500, "runtime": 5},
+              provider_config={"allocate_mb": 600, "item_delay": 0.1}, fingerprint_ignore=["item_delay"])
+    run = run_slurm(toy_workdir)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    jobs = submitted(out)
+    assert len(jobs) == 2, out[-3000:]
+    accounting = sacct(list(jobs))
+    assert [(state, mem) for _, state, mem in accounting] == [("FAILED", "500M"), ("COMPLETED", "1000M")]
+    first_log = Path(jobs[accounting[0][0]]).read_text()
+    assert "Exceeded job memory limit" in first_log
+    assert len((toy_workdir / TOY / "text").read_text().splitlines()) == 40
