@@ -1,0 +1,107 @@
+"""Benchmark (not a test): per-shard-job overhead through SLURM vs the local executor.
+
+The same trivial workflow (a toy runner, N shards of 10 keys each) runs once with
+`--profile config/profiles/local --cores 2` and once through `--profile config/profiles/slurm`
+on the live single-node cluster (../shared/tools/local-slurm, 2 CPUs). Reports wall time per
+shard for both, and per SLURM job: the job's elapsed time (sacct) against the shard's own work
+(start..end in its `done`). Needs the cluster up.
+
+    python bench/slurm_overhead.py [--shards 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / "bench" / "work" / "slurm"
+TOY = '''
+from snakeshard import BaseRunner, EnvironmentProvider
+
+
+class Provider(EnvironmentProvider):
+    def build_env_local(self):
+        return {}
+
+
+class Runner(BaseRunner):
+    @staticmethod
+    def forward(key):
+        return {"text": key.upper()}
+'''
+FAST_STATUS = ["--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1"]
+
+
+def make_workdir(path: Path, shards: int) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    for part in ("Snakefile", "workflow", "config", "scripts", "envs"):
+        (shutil.copytree if (ROOT / part).is_dir() else shutil.copy2)(ROOT / part, path / part)
+    (path / "data/toy").mkdir(parents=True)
+    wav = path / "data/toy/a.wav"
+    shutil.copy2(ROOT / "data/demo/wav/cards-001.wav", wav)
+    (path / "data/toy/wav.scp").write_text("".join(f"utt{i:04d} data/toy/a.wav\n" for i in range(shards * 10)))
+    (path / "toy_bench.py").write_text(TOY)
+    config = {"datasets": {"toy": {"path": "data/toy"}},
+              "stages": {"upper": {"runner": "toy_bench.Runner", "provider": "toy_bench.Provider",
+                                   "datasets": ["toy"], "sharding": {"shard_size": 10},
+                                   "resources": {"mem_mb": 500, "runtime": 5}}}}
+    (path / "config/config.yaml").write_text(yaml.safe_dump(config))
+    return path
+
+
+def timed(cmd: list[str], cwd: Path) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    run = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    elapsed = time.perf_counter() - t0
+    if run.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{run.stderr[-3000:]}")
+    return elapsed, run.stdout + run.stderr
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shards", type=int, default=8)
+    args = ap.parse_args()
+    snakemake = ["timeout", "-k", "10", "900", sys.executable, "-m", "snakemake"]
+
+    local_dir = make_workdir(WORK / "local", args.shards)
+    local_wall, _ = timed([*snakemake, "--profile", "config/profiles/local", "--cores", "2"], local_dir)
+
+    slurm_dir = make_workdir(WORK / "slurm", args.shards)
+    slurm_wall, out = timed([*snakemake, "--profile", "config/profiles/slurm", *FAST_STATUS], slurm_dir)
+    job_ids = re.findall(r"submitted with SLURM jobid (\d+)", out)
+    assert len(job_ids) == args.shards, out[-2000:]
+    acct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "--format=JobID,ElapsedRaw,State"],
+                          capture_output=True, text=True, check=True).stdout.split()
+    elapsed = [int(line.split("|")[1]) for line in acct]
+    work = []
+    for done in sorted((slurm_dir / "results/upper/toy").glob("split.*/done")):
+        record = json.loads(done.read_text())
+        work.append(record["end"] - record["start"])
+
+    print(f"{args.shards} shards of 10 trivial items; cluster: 1 node, 2 CPUs; local: --cores 2\n")
+    print("| measure | value |")
+    print("|---|---:|")
+    print(f"| local executor, whole run wall s | {local_wall:.1f} |")
+    print(f"| SLURM executor, whole run wall s | {slurm_wall:.1f} |")
+    print(f"| SLURM wall s per shard (2 jobs at a time) | {slurm_wall / args.shards:.2f} |")
+    print(f"| local wall s per shard | {local_wall / args.shards:.2f} |")
+    print(f"| SLURM job elapsed s per shard job (sacct, median) | {statistics.median(elapsed):.1f} |")
+    print(f"| shard's own work s (done: end - start, median) | {statistics.median(work):.3f} |")
+    overhead = statistics.median(elapsed) - statistics.median(work)
+    print(f"| overhead s per SLURM shard job (median elapsed - median work) | {overhead:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
