@@ -1,8 +1,9 @@
 """Benchmark (not a test): per-item overhead of the shard path vs a bare Python loop.
 
-A trivial forward over N keys, through ``snakeshard.shard.run_shard`` (as a shard job
-runs it: progress bar on, stderr going to a log file) and through a bare loop that does
-the same writes. Both read the keys from ``<dir>/keys`` with ``read_shard_keys``.
+A trivial forward over N keys, through ``snakeshard.shard.run_shard_dir`` (what a shard
+job runs once its env is built: progress bar on, stderr going to a log file) and through a
+bare loop that writes the same files (``text``, and a ``done`` with the same fields,
+keys digest included). Both read the keys from ``<dir>/keys``.
 Runs are interleaved; the table reports the median of R runs and its ratio to the
 baseline of the same kind (per-item or batched) measured in the same run.
 
@@ -12,6 +13,8 @@ baseline of the same kind (per-item or batched) measured in the same run.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import socket
 import contextlib
 import json
 import shutil
@@ -21,8 +24,7 @@ from pathlib import Path
 
 from snakeshard import BaseRunner
 from snakeshard.fingerprint import keys_text
-from snakeshard.plan import read_shard_keys
-from snakeshard.shard import run_shard
+from snakeshard.shard import run_shard_dir
 
 WORK = Path(__file__).resolve().parent / "work" / "in_shard"
 ENV = {"suffix": "x"}
@@ -45,7 +47,9 @@ class BatchRunner(BaseRunner):
 
 
 def bare_loop(shard_dir: Path, batch_size: int | None = None) -> None:
-    keys = read_shard_keys(shard_dir)
+    """A hand-written loop producing the same two files: ``text``, and a ``done`` with the same fields."""
+    raw = (shard_dir / "keys").read_bytes()
+    keys = raw.decode("utf-8").split("\n")[:-1]
     started = time.time()
     with open(shard_dir / "text", "w", encoding="utf-8") as f:
         if not batch_size:
@@ -56,15 +60,17 @@ def bare_loop(shard_dir: Path, batch_size: int | None = None) -> None:
                 batch = keys[i:i + batch_size]
                 for key, result in zip(batch, forward_batch(batch, **ENV)):
                     f.write(f"{key} {result['text']}\n")
-    done = {"shard": 0, "items": len(keys), "start": started, "end": time.time()}
-    (shard_dir / "done").write_text(json.dumps(done) + "\n")
+    done = {"shard": 0, "items": len(keys), "keys_digest": hashlib.sha256(raw).hexdigest()[:20], "fingerprint": "x",
+            "fragments": ["text"], "start": round(started, 3), "end": round(time.time(), 3),
+            "host": socket.gethostname(), "snakeshard": "bare"}
+    (shard_dir / "done").write_text(json.dumps(done, indent=1) + "\n")
 
 
 def shard_path(shard_dir: Path, batch_size: int | None = None, progress: bool = True) -> None:
-    keys = read_shard_keys(shard_dir)
+    """What `snakeshard run-shard` does once the env is built."""
     runner = BatchRunner if batch_size else ItemRunner
-    run_shard(runner, dict(ENV), keys, shard_dir, shard_id=0, fingerprint="x", batch_size=batch_size,
-              progress=progress)
+    run_shard_dir(runner, dict(ENV), shard_dir, shard_id=0, fingerprint="x", batch_size=batch_size,
+                  progress=progress)
 
 
 # name -> (function, kwargs, name of the baseline it is compared with)

@@ -43,8 +43,7 @@ def cmd_plan(args) -> int:
 
 def cmd_run_shard(args) -> int:
     from snakeshard.devices import job_devices
-    from snakeshard.plan import read_shard_keys
-    from snakeshard.shard import run_shard
+    from snakeshard.shard import run_shard_dir
     from snakeshard.workflow import import_object
 
     spec = json.loads(Path(args.spec).read_text())
@@ -53,10 +52,9 @@ def cmd_run_shard(args) -> int:
     provider_cls = import_object(spec["provider"], f"{where}.provider")
     devices = job_devices(spec.get("gpus", 0), spec["stage"])  # fail at job start, before loading anything
     provider = provider_cls({**spec["provider_config"], "dataset": spec["dataset"], "devices": devices})
-    keys = read_shard_keys(args.shard_dir)
     env = provider.build_worker_setup_fn()()  # once per job
-    done = run_shard(runner_cls, env, keys, args.shard_dir, shard_id=args.shard, fingerprint=args.fingerprint,
-                     log_path=args.log, batch_size=spec.get("batch_size"), progress=True)
+    done = run_shard_dir(runner_cls, env, args.shard_dir, shard_id=args.shard, fingerprint=args.fingerprint,
+                         log_path=args.log, batch_size=spec.get("batch_size"), progress=True)
     print(f"shard {args.shard}: {done['items']} items in {done['end'] - done['start']:.2f} s", file=sys.stderr)
     return 0
 

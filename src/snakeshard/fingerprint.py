@@ -17,7 +17,11 @@ import os
 
 
 def digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
+    return digest_bytes(text.encode("utf-8"))
+
+
+def digest_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:20]
 
 
 def keys_text(keys: list[str]) -> str:
