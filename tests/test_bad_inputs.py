@@ -53,6 +53,12 @@ def set_stage(wd: Path, **changes) -> None:
     write_config(wd, config)
 
 
+def rename_stage(wd: Path, old: str, new: str) -> None:
+    config = read_config(wd)
+    config["stages"][new] = config["stages"].pop(old)
+    write_config(wd, config)
+
+
 def set_top(wd: Path, **changes) -> None:
     config = read_config(wd)
     config.update(changes)
@@ -99,29 +105,38 @@ CONFIG_CASES = [
      ["stages.upper.provider", "'nosuchpkg.sub.Provider'"]),
     ("runner-not-an-import-path", lambda wd: set_stage(wd, runner="UpperRunner"),
      ["stages.upper.runner", "'UpperRunner' is not an import path"]),
+    ("stage-name-not-a-rule-name", lambda wd: rename_stage(wd, "upper", "up-per"),
+     ["stages", "'up-per' does not match"]),
+    ("provider-config-sets-devices", lambda wd: set_stage(wd, provider_config={"devices": ["cuda:3"]}),
+     ["stages.upper.provider_config.devices", "set by snakeshard"]),
+    ("negative-retries", lambda wd: set_stage(wd, retries=-1),
+     ["stages.upper.retries", "less than the minimum of 0"]),
+    ("unknown-resource", lambda wd: set_stage(wd, resources={"memory": 100}),
+     ["stages.upper.resources", "'memory' was unexpected"]),
 ]
+
+
+def assert_dry_run_refuses(wd: Path, expected: list[str]) -> None:
+    """`snakemake -n` exits non-zero, prints every expected substring, and plans nothing on disk."""
+    proc = run_snakemake(wd, "-n")
+    assert proc.returncode != 0
+    for text in expected:
+        assert text in output(proc), (text, output(proc)[-2000:])
+    assert not (wd / "results").exists()
 
 
 @pytest.mark.parametrize("edit, expected", [c[1:] for c in DATA_CASES], ids=[c[0] for c in DATA_CASES])
 def test_bad_data_fails_dry_run_naming_key_and_file(toy, edit, expected):
     """Bad wav.scp / jsonl fed to `snakemake -n`: non-zero exit, message names key, file and line; nothing planned on disk."""
     edit(toy)
-    proc = run_snakemake(toy, "-n")
-    assert proc.returncode != 0
-    for text in expected:
-        assert text in output(proc), (text, output(proc)[-2000:])
-    assert not (toy / "results").exists()
+    assert_dry_run_refuses(toy, expected)
 
 
 @pytest.mark.parametrize("edit, expected", [c[1:] for c in CONFIG_CASES], ids=[c[0] for c in CONFIG_CASES])
 def test_bad_config_fails_dry_run_naming_key_path(toy, edit, expected):
     """A config breaking the schema or a cross-reference fed to `snakemake -n`: non-zero exit, message names the key path."""
     edit(toy)
-    proc = run_snakemake(toy, "-n")
-    assert proc.returncode != 0
-    for text in expected:
-        assert text in output(proc), (text, output(proc)[-2000:])
-    assert not (toy / "results").exists()
+    assert_dry_run_refuses(toy, expected)
 
 
 PRESERVE_CASES = DATA_CASES + [c for c in CONFIG_CASES if c[0] in ("unknown-runner-module", "undefined-dataset")]
