@@ -226,3 +226,20 @@ def test_devices_reach_the_provider_as_the_jobs_own_allocation(toy_workdir):
     write_config(toy_workdir, config)
     assert run_snakemake(toy_workdir).returncode == 0
     assert (toy_workdir / TOY / "text").read_text().splitlines()[0] == "utt000 UTT000 cpu"
+
+
+def test_stage_resources_reach_the_slurm_jobs(toy_workdir):
+    """Per-stage SLURM resources in config appear on every shard job of the slurm profile's dry run; unset ones do not."""
+    config = read_config(toy_workdir)
+    config["stages"]["upper"]["resources"] = {"mem_mb": 700, "runtime": 7, "cpus_per_task": 2,
+                                              "slurm_partition": "debug", "constraint": "fast"}
+    write_config(toy_workdir, config)
+    dry = run_snakemake(toy_workdir, "-n", profile="slurm")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    lines = [line for line in (dry.stdout + dry.stderr).splitlines()
+             if line.startswith("    resources:") and "mem_mb=700" in line]
+    assert len(lines) == 4, dry.stdout[-3000:]
+    for line in lines:
+        for item in ("runtime=7", "cpus_per_task=2", "slurm_partition=debug", "constraint=fast"):
+            assert item in line, line
+        assert "slurm_account" not in line and "gpu" not in line

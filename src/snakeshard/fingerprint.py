@@ -2,7 +2,8 @@
 
 A stage fingerprint covers the runner and provider import paths, the provider
 config (less the keys the stage lists in ``fingerprint_ignore``: options such as
-worker counts or fault injection that do not change results), batch size, the dataset spec, snakeshard's version and the identity
+worker counts or fault injection that do not change results), batch size, the
+dataset spec, snakeshard's version and the identity
 (path, size, mtime) of every model file named in the provider config. A shard's
 fingerprint adds the digest of its keys. The Snakefile passes it as a rule
 ``param``, so a change reruns the shard; merge refuses a shard whose ``done``

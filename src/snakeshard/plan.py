@@ -161,8 +161,14 @@ def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> di
     return plan
 
 
+def read_keys_file(shard_dir: str | os.PathLike) -> tuple[list[str], bytes]:
+    """The keys of ``shard_dir/keys`` (one per line, as ``keys_text`` writes them) and the file's bytes."""
+    raw = Path(shard_dir, "keys").read_bytes()
+    return raw.decode("utf-8").split("\n")[:-1], raw
+
+
 def read_shard_keys(shard_dir: str | os.PathLike) -> list[str]:
-    return Path(shard_dir, "keys").read_text(encoding="utf-8").split("\n")[:-1]
+    return read_keys_file(shard_dir)[0]
 
 
 def format_plan_table(plan: dict, title: str = "") -> str:

@@ -26,6 +26,7 @@ from snakeshard.contract import injected_kwargs, overrides
 from snakeshard.errors import ShardError, SnakeshardError
 from snakeshard.fingerprint import digest_bytes
 from snakeshard.fingerprint import keys_digest as digest_keys
+from snakeshard.plan import read_keys_file
 
 ATTEMPT_FILE = ".attempt"
 KEEP_ON_CLEAR = {"keys"}
@@ -69,8 +70,7 @@ def run_shard_dir(runner_cls, env: dict, shard_dir, **options):
 
     Hashing the bytes once costs less than re-joining 100k keys to hash them after the run.
     """
-    raw = (Path(shard_dir) / "keys").read_bytes()
-    keys = raw.decode("utf-8").split("\n")[:-1]
+    keys, raw = read_keys_file(shard_dir)
     return run_shard(runner_cls, env, keys, shard_dir, keys_digest=digest_bytes(raw), **options)
 
 
@@ -84,8 +84,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
     """
     where = f"shard {shard_id}" + (f" (log: {log_path})" if log_path else "")
     kwargs = injected_kwargs(runner_cls, env)
-    forward = runner_cls.forward
-    call = functools.partial(forward, **kwargs)
+    call = functools.partial(runner_cls.forward, **kwargs)
     collect = shard_dir is None
     started = time.time()
     if not collect:
@@ -125,7 +124,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
             t0 = time.perf_counter()
             if batch_size:
                 current = chunk
-                out = forward(chunk, **kwargs)
+                out = call(chunk)
                 if not isinstance(out, (list, tuple)) or len(out) != len(chunk):
                     got = len(out) if isinstance(out, (list, tuple)) else type(out).__name__
                     raise ShardError(f"{where}: batch {chunk[0]!r}..{chunk[-1]!r}: forward returned {got} "

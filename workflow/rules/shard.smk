@@ -5,7 +5,7 @@
 
 
 def _shard_rule_functions(stage):
-    """Per-stage closures for the rule below (a loop variable in a lambda would bind late)."""
+    """Per-stage params and resources for the rule below (a loop variable in a lambda would bind late)."""
     res = SHARD_RESOURCES[stage]
 
     def fingerprint(wildcards):
@@ -14,11 +14,8 @@ def _shard_rule_functions(stage):
     def escalated(name):
         return lambda wildcards, attempt: res[name] * attempt
 
-    def fixed(name):
-        return lambda wildcards: res.get(name)  # None leaves the resource unset
-
-    resources = {name: fixed(name) for name in SLURM_PASSTHROUGH}
-    resources.update(mem_mb=escalated("mem_mb"), runtime=escalated("runtime"), cpus_per_task=fixed("cpus_per_task"))
+    resources = {name: res[name] for name in SLURM_PASSTHROUGH if name in res}  # unset ones stay unset
+    resources.update(mem_mb=escalated("mem_mb"), runtime=escalated("runtime"), cpus_per_task=res["cpus_per_task"])
     return fingerprint, resources
 
 
