@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 PROJECT = Path(__file__).resolve().parents[1]
-WORKFLOW_PARTS = ("Snakefile", "workflow", "config", "data", "scripts", "envs")
+WORKFLOW_PARTS = ("Snakefile", "workflow", "config", "data")
 
 # A tiny runner/provider for workflow tests that need many items fast; the shard job imports it
 # from the workflow directory (`python -m snakeshard` puts the working directory on sys.path).

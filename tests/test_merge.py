@@ -174,7 +174,8 @@ def test_refuses_missing_fragment_file(tmp_path):
 
 
 def test_scp_fragment_paths_are_checked(tmp_path, monkeypatch):
-    """An .scp fragment pointing utt07 at a missing file: MergeError naming the key, the path and the fragment."""
+    """An .scp fragment pointing utt07 at a missing file: MergeError naming the key, the path and the fragment;
+    once it exists, the merged scp holds absolute paths with kaldiio's offsets and ranges kept."""
     monkeypatch.chdir(tmp_path)
     Path("feats.ark").write_bytes(b"x")
     Path("feats").mkdir()
@@ -191,7 +192,8 @@ def test_scp_fragment_paths_are_checked(tmp_path, monkeypatch):
     Path("feats/gone.npy").write_bytes(b"x")
     record = merge_set(set_dir, plan, STAGE_FP, ScpRunner)
     assert record["files"] == ["feats.scp", "text"] or record["files"] == ["text", "feats.scp"]
-    assert (set_dir / "feats.scp").read_text() == "".join(f"{k} {paths[k]}\n" for k in KEYS)
+    # merged scp paths are absolute (relative ones are taken from the working directory)
+    assert (set_dir / "feats.scp").read_text() == "".join(f"{k} {tmp_path}/{paths[k]}\n" for k in KEYS)
 
 
 def test_failed_merge_after_success_leaves_no_merged_json(tmp_path):

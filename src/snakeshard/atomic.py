@@ -18,6 +18,9 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, fsync: bool = True)
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp creates 0600; give the file the mode a plain open() would (0666 less the umask),
+        # so teammates on a shared filesystem can read results.
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             if fsync:
@@ -27,6 +30,21 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, fsync: bool = True)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it (os.umask can only be read by setting it,
+    which would race with other threads creating files)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # no /proc (macOS): set and restore
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_json(path: str | os.PathLike, obj, *, fsync: bool = True) -> None:

@@ -141,7 +141,9 @@ def read_items(spec: dict) -> list[Item]:
     path = Path(spec["path"])
     fmt = spec.get("format", "kaldi")
     if not path.exists():
-        raise DataError(f"dataset path {path} does not exist")
+        where = f"datasets.{spec['name']}.path" if spec.get("name") else "dataset path"
+        relative = "" if path.is_absolute() else f" (relative paths are taken from the working directory {os.getcwd()})"
+        raise DataError(f"{where}: {path} does not exist{relative}")
     if fmt == "kaldi":
         items = _read_kaldi_dir(path)
     elif fmt == "jsonl":

@@ -72,15 +72,27 @@ def _check_fragment_keys(lines: list[str], keys: list[str], where: str) -> None:
     # same keys, another order (e.g. an unordered device pool): accepted, order kept as written
 
 
-def _check_scp_paths(lines: list[str], where: str) -> None:
+def _absolute_scp(lines: list[str], where: str) -> str:
+    """``lines`` of an scp fragment with every path made absolute, after checking it exists.
+
+    Merged scp files are read from anywhere (a training recipe's own directory, another
+    stage, kaldiio.load_scp in a notebook), so their paths are absolute, as in Kaldi's and
+    ESPnet's dump directories. Relative paths in fragments are taken from the working
+    directory, where the shard jobs ran. Pipes (``cmd |``) are left as they are.
+    """
+    out = []
     for line in lines:
-        value = line.split(" ", 1)[1] if " " in line else ""
+        key, _, value = line.partition(" ")
         if value.endswith("|"):
+            out.append(line)
             continue
-        path = _ARK_OFFSET.sub("", value)
+        suffix = _ARK_OFFSET.search(value)
+        path = value[:suffix.start()] if suffix else value
         if not os.path.exists(path):
-            raise MergeError(f"{where}: key {line.split(' ', 1)[0]!r} points at {path}, which does not exist "
-                             "from the workflow directory (scp paths are relative to it, or absolute)")
+            raise MergeError(f"{where}: key {key!r} points at {path}, which does not exist "
+                             f"(relative scp paths are taken from the working directory {os.getcwd()})")
+        out.append(f"{key} {os.path.abspath(path)}{suffix.group(0) if suffix else ''}")
+    return "".join(line + "\n" for line in out)
 
 
 def merge_fragments(shard_dirs: list[Path], output_dir: Path) -> list[str]:
@@ -105,9 +117,7 @@ def merge_fragments(shard_dirs: list[Path], output_dir: Path) -> list[str]:
                 raise MergeError(f"{where}: last line is not newline-terminated (truncated write?)")
             lines.pop()
             _check_fragment_keys(lines, keys, where)
-            if name.endswith(".scp"):
-                _check_scp_paths(lines, where)
-            parts.append(text)
+            parts.append(_absolute_scp(lines, where) if name.endswith(".scp") else text)
         atomic_write_text(Path(output_dir) / name, "".join(parts))
     return names
 

@@ -14,10 +14,11 @@ from pathlib import Path
 from snakeshard import __version__
 from snakeshard.atomic import write_if_changed
 from snakeshard.errors import ConfigError
-from snakeshard.fingerprint import shard_fingerprint, stage_fingerprint
-from snakeshard.plan import ensure_plan
+from snakeshard.fingerprint import keys_text, shard_fingerprint, stage_fingerprint
+from snakeshard.plan import ensure_plan, read_keys_head
 
-SCHEMA = Path("workflow") / "schemas" / "config.schema.yaml"
+# The canary's shard dir, beside the stage's dataset dirs (dataset names cannot start with "_").
+CANARY_DIR = "_canary"
 DEFAULT_RESOURCES = {"mem_mb": 2000, "runtime": 60, "cpus_per_task": 1}
 # Resources handed to the executor as they are (snakemake-executor-plugin-slurm names); unset ones are omitted.
 SLURM_PASSTHROUGH = ("slurm_partition", "slurm_account", "constraint", "slurm_extra", "gpu", "gres")
@@ -36,12 +37,17 @@ def load_config(path: str | os.PathLike) -> dict:
         raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
 
 
-def validate_config(config: dict, schema_path: str | os.PathLike) -> None:
-    """Check ``config`` against the JSON schema and the cross-references the schema cannot express."""
+def validate_config(config: dict, schema_path: str | os.PathLike | None = None) -> None:
+    """Check ``config`` against the JSON schema and the cross-references the schema cannot express.
+
+    ``schema_path`` defaults to the schema that ships with the workflow.
+    """
     import jsonschema
     import yaml
 
-    schema = yaml.safe_load(Path(schema_path).read_text())
+    from snakeshard.resources import schema_path as shipped_schema
+
+    schema = yaml.safe_load(Path(schema_path or shipped_schema()).read_text())
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
@@ -49,7 +55,8 @@ def validate_config(config: dict, schema_path: str | os.PathLike) -> None:
         for err in errors[:MAX_LISTED]:
             where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
             lines.append(f"  {where}: {err.message}")
-        raise ConfigError("config does not match workflow/schemas/config.schema.yaml:\n" + "\n".join(lines))
+        raise ConfigError("config does not match snakeshard's config schema (workflow/schemas/config.schema.yaml):\n"
+                          + "\n".join(lines))
     datasets = config.get("datasets", {})
     for name, stage in config.get("stages", {}).items():
         for ds in stage["datasets"]:
@@ -65,10 +72,45 @@ def validate_config(config: dict, schema_path: str | os.PathLike) -> None:
                               "(the dataset spec / the job's devices); rename it")
         for role in ("runner", "provider"):
             check_import_path(stage[role], f"stages.{name}.{role}")
+        check_runner_source(stage["runner"], f"stages.{name}.runner")
 
 
 def check_import_path(path: str, where: str) -> None:
     """Fail early on a misspelt ``module.Class`` path without importing the (heavy) module itself."""
+    module, attr, origin = _locate(path, where)
+    if origin and attr not in _top_level_names(_parse(origin)):
+        raise ConfigError(f"{where}: cannot import {path!r}: module {module!r} ({origin}) defines no {attr!r}")
+
+
+def check_runner_source(path: str, where: str) -> None:
+    """Contract mistakes visible in the runner's source, read with ``ast`` (importing could load a model).
+
+    A ``forward`` without ``@staticmethod`` would fail in every shard job (they call it on the class).
+    Only a ``forward`` defined in the class itself is checked; inherited ones are checked in the job.
+    """
+    _, attr, origin = _locate(path, where)
+    if not origin:
+        return
+    import ast
+
+    for node in _parse(origin).body:
+        if not (isinstance(node, ast.ClassDef) and node.name == attr):
+            continue
+        for item in node.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "forward":
+                decorators = {d.id for d in item.decorator_list if isinstance(d, ast.Name)}
+                decorators |= {d.attr for d in item.decorator_list if isinstance(d, ast.Attribute)}
+                if "staticmethod" not in decorators:
+                    raise ConfigError(f"{where}: {path}.forward ({origin}:{item.lineno}) must be a @staticmethod: "
+                                      "shard jobs call it on the class, with the key first and env entries by name")
+                args = item.args
+                if not (args.posonlyargs or args.args):
+                    raise ConfigError(f"{where}: {path}.forward ({origin}:{item.lineno}) must take the key (or a "
+                                      "batch of keys) as its first positional parameter")
+
+
+def _locate(path: str, where: str) -> tuple[str, str, str | None]:
+    """(module, attribute, module source file or None) of ``package.module.Name``; errors name ``where``."""
     module, _, attr = path.rpartition(".")
     if not module or not attr:
         raise ConfigError(f"{where}: {path!r} is not an import path like 'package.module.ClassName'")
@@ -77,19 +119,25 @@ def check_import_path(path: str, where: str) -> None:
     except (ImportError, ValueError) as e:
         raise ConfigError(f"{where}: cannot import {path!r}: {e}") from None
     if found is None:
-        raise ConfigError(f"{where}: cannot import {path!r}: no module named {module!r}")
-    if found.origin and found.origin.endswith(".py") and attr not in _top_level_names(found.origin):
-        raise ConfigError(f"{where}: cannot import {path!r}: module {module!r} ({found.origin}) defines no {attr!r}")
+        raise ConfigError(f"{where}: cannot import {path!r}: no module named {module!r} "
+                          f"(modules are looked up in the working directory {os.getcwd()} and the installed packages)")
+    origin = found.origin if found.origin and found.origin.endswith(".py") else None
+    return module, attr, origin
 
 
-def _top_level_names(source_path: str) -> set[str] | _AnyName:
-    """Names a module binds at top level, read with ``ast`` (importing it could load a model).
+def _parse(source_path: str):
+    import ast
+
+    return ast.parse(Path(source_path).read_bytes(), filename=source_path)
+
+
+def _top_level_names(tree) -> set[str] | _AnyName:
+    """Names a module binds at top level.
 
     A star import or a module ``__getattr__`` can bind any name: then every name is accepted.
     """
     import ast
 
-    tree = ast.parse(Path(source_path).read_bytes())
     names: set[str] = set()
     for node in tree.body:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -154,6 +202,11 @@ def run_spec(config: dict, stage: str, dataset: str) -> dict:
     }
 
 
+def canary_items(config: dict, stage: str) -> int:
+    """Keys the stage's canary job runs before its shard jobs: ``stages.<stage>.canary``, else the top-level ``canary``."""
+    return int(config["stages"][stage].get("canary", config.get("canary", 0)))
+
+
 def stage_resources(config: dict, stage: str) -> dict:
     """A stage's job resources with defaults filled in, plus its ``retries``.
 
@@ -183,6 +236,7 @@ class Workflow:
         self.plans: dict[tuple[str, str], dict] = {}
         self.stage_fps: dict[tuple[str, str], str] = {}
         self.shard_fps: dict[tuple[str, str], list[str]] = {}
+        self.canaries: dict[str, dict] = {}
         for stage, ds in stage_sets(config):
             spec = run_spec(config, stage, ds)
             plan = ensure_plan(set_dir(config, stage, ds), spec["dataset"], config["stages"][stage]["sharding"])
@@ -194,6 +248,21 @@ class Workflow:
             write_if_changed(Path(set_dir(config, stage, ds)) / "spec.json", spec_text)
             self.stage_fps[stage, ds] = fp
             self.shard_fps[stage, ds] = [shard_fingerprint(fp, s["keys_digest"]) for s in plan["shards"]]
+        for stage in config["stages"]:
+            self.canaries[stage] = self._prepare_canary(stage)
+
+    def _prepare_canary(self, stage: str) -> dict:
+        """The canary's dir (under the stage fingerprint, see canary.smk) and its keys: the first N of
+        the stage's first dataset, rewritten only when they change."""
+        ds = self.config["stages"][stage]["datasets"][0]
+        base = set_dir(self.config, stage, ds)
+        n = canary_items(self.config, stage)
+        keys = read_keys_head(f"{base}/split.0", n) if n else []
+        stage_fp = self.stage_fps[stage, ds]
+        canary_dir = f"{self.out}/{stage}/{CANARY_DIR}/{stage_fp}"
+        write_if_changed(f"{canary_dir}/keys", keys_text(keys))
+        return {"dir": canary_dir, "dataset": ds, "items": len(keys), "spec": f"{base}/spec.json",
+                "fingerprint": stage_fp}
 
     def num_shards(self, stage: str, dataset: str) -> int:
         return self.plans[stage, dataset]["num_shards"]

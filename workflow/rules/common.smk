@@ -4,18 +4,22 @@ import os
 import sys
 from pathlib import Path
 
-# Runner/provider modules next to the workflow are importable, as they are in shard jobs
-# (`python -m snakeshard` puts the working directory on sys.path).
+# Runner/provider modules next to the project's Snakefile are importable, as they are in shard
+# jobs (`python -m snakeshard` puts the working directory on sys.path).
 if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())
 
-from snakeshard.workflow import SCHEMA, SLURM_PASSTHROUGH, Workflow, stage_resources, stage_sets, validate_config
+from snakeshard.workflow import SLURM_PASSTHROUGH, Workflow, stage_resources, stage_sets, validate_config
 
-validate_config(config, Path(workflow.basedir) / SCHEMA)
+# Found next to this file, so the workflow works as a module from any directory.
+validate_config(config, Path(str(workflow.current_basedir)).parent / "schemas" / "config.schema.yaml")
 WF = Workflow(config)
 STAGE_SETS = stage_sets(config)
-# The interpreter running Snakemake also runs the jobs: no reliance on PATH inside jobs.
-PYTHON = sys.executable
+# The interpreter running Snakemake also runs the jobs: no reliance on PATH inside jobs. It reaches
+# the shell commands through the environment (jobs inherit it; on SLURM the job's own Snakemake
+# parses this file again), not through a name in the command: a module's names are not visible
+# there, and the command's text is what Snakemake's code trigger compares.
+os.environ["SNAKESHARD_PYTHON"] = sys.executable
 SHARD_RESOURCES = {stage: stage_resources(config, stage) for stage in config["stages"]}
 WER_REPORTS = {
     (stage, ds): config["datasets"][ds]["path"] + "/text"

@@ -11,8 +11,8 @@ rule merge:
         f"{WF.out}/{{stage}}/{{dataset}}/logs/merge.log",
     params:
         stage_fingerprint=lambda w: WF.stage_fps[w.stage, w.dataset],
+        set_dir=f"{WF.out}/{{stage}}/{{dataset}}",
     localrule: True
     shell:
-        "{PYTHON} -m snakeshard merge --spec {WF.out}/{wildcards.stage}/{wildcards.dataset}/spec.json"
-        " --set-dir {WF.out}/{wildcards.stage}/{wildcards.dataset}"
+        '"$SNAKESHARD_PYTHON" -m snakeshard merge --spec {params.set_dir}/spec.json --set-dir {params.set_dir}'
         " --stage-fingerprint {params.stage_fingerprint} > {log} 2>&1"

@@ -12,4 +12,4 @@ rule wer:
         hyp=lambda w: f"{WF.out}/{w.stage}/{w.dataset}/text",
     localrule: True
     script:
-        "../../scripts/report_wer.py"
+        "../scripts/report_wer.py"

@@ -27,6 +27,7 @@ for _stage in config["stages"]:
             f"shard_{_stage}"
         input:
             shard_keys=f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/keys",
+            canary=ancient(f"{WF.canaries[_stage]['dir']}/done"),  # existence only: see canary.smk
         output:
             done=f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/done",
         log:
@@ -36,12 +37,12 @@ for _stage in config["stages"]:
             fingerprint=_fingerprint,
             set_dir=f"{WF.out}/{_stage}/{{dataset}}",
         conda:
-            "../../envs/snakeshard.yaml"
+            "../envs/snakeshard.yaml"
         threads: SHARD_RESOURCES[_stage]["cpus_per_task"]
         retries: SHARD_RESOURCES[_stage]["retries"]
         resources:
             **_resources,
         shell:
-            "{PYTHON} -m snakeshard run-shard --shard {wildcards.shard} --spec {params.set_dir}/spec.json"
+            '"$SNAKESHARD_PYTHON" -m snakeshard run-shard --shard {wildcards.shard} --spec {params.set_dir}/spec.json'
             " --shard-dir {params.set_dir}/split.{wildcards.shard} --fingerprint {params.fingerprint}"
             " --log {log} > {log} 2>&1"

@@ -1,0 +1,42 @@
+# The canary: one job per stage that runs the stage's runner over the first few keys of its first
+# dataset before any of its shard jobs is scheduled, so a broken stage (a provider that lacks an env
+# name forward asks for, a result the writers refuse) fails once, in one job, with one message,
+# instead of in every shard job (on SLURM: N submitted jobs). `canary: N` keys, per stage or at the
+# top level (0: off); the SLURM profile turns it on.
+#
+# Why it is shaped like this: Snakemake skips its own rerun checks (params, keys) for every job
+# downstream of a job that has to run, so a canary rerun must never happen unless all of the stage's
+# shards rerun too. Hence its output lives under the stage fingerprint (`_canary/<fp>/done`, a new
+# path exactly when every shard's fingerprint changes), it has no input, params or command that
+# change otherwise, and shard jobs take it through ancient(): only its existence matters. Turning the
+# canary on or off changes only its keys file, so it never reruns finished shards; with `canary: 0`
+# the job writes its done without building anything.
+
+
+def _canary_resources(stage):
+    res = SHARD_RESOURCES[stage]
+    resources = {name: res[name] for name in SLURM_PASSTHROUGH if name in res}
+    resources.update(mem_mb=res["mem_mb"], runtime=res["runtime"], cpus_per_task=res["cpus_per_task"])
+    return resources
+
+
+for _stage, _canary in WF.canaries.items():
+
+    rule:
+        name:
+            f"canary_{_stage}"
+        output:
+            done=f"{_canary['dir']}/done",
+        log:
+            f"{WF.out}/{_stage}/logs/canary.log",
+        params:
+            spec=_canary["spec"],
+            shard_dir=_canary["dir"],
+            fingerprint=_canary["fingerprint"],
+        localrule: not _canary["items"]
+        threads: SHARD_RESOURCES[_stage]["cpus_per_task"]
+        resources:
+            **_canary_resources(_stage),
+        shell:
+            '"$SNAKESHARD_PYTHON" -m snakeshard run-shard --shard canary --spec {params.spec}'
+            " --shard-dir {params.shard_dir} --fingerprint {params.fingerprint} --log {log} > {log} 2>&1"
