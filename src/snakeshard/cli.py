@@ -1,4 +1,4 @@
-"""``snakeshard`` command line: plan, run-shard, merge, status, wer.
+"""``snakeshard`` command line: init, plan, run-shard, merge, status, wer.
 
 The Snakefile's rules call ``python -m snakeshard run-shard/merge``; people call
 ``snakeshard plan`` and ``snakeshard status``. Errors on bad input print one
@@ -144,7 +144,7 @@ def cmd_status(args) -> int:
             n = shard["shard"]
             shard_dir, log = base / f"split.{n}", base / "logs" / f"split.{n}.log"
             state, detail = shard_state(shard_dir, log, fp)
-            if state == "pending" and merged == "yes":
+            if state in ("pending", "incomplete") and merged == "yes":
                 # Snakemake does not rerun a removed intermediate under an up-to-date merge.
                 state, detail = "removed", f"done deleted after the merge; `snakemake {shard_dir}/done` redoes it"
             counts[state] = counts.get(state, 0) + 1
@@ -180,12 +180,27 @@ def _shard_id(text: str) -> int | str:
     return int(text)
 
 
+def cmd_init(args) -> int:
+    from snakeshard.project import init_project
+
+    written = init_project(args.directory, args.data)
+    print(f"wrote {', '.join(written)} in {args.directory}")
+    print(f"next: cd {args.directory} && snakemake -n && snakemake --profile profiles/local && snakeshard status")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="snakeshard", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     def with_config(sp):
         sp.add_argument("--config", default="config/config.yaml", help="workflow config (default: %(default)s)")
+
+    sp = sub.add_parser("init", help="write a new project (Snakefile using the shipped workflow as a module, "
+                                     "config, an example stage, local and SLURM profiles) into DIR")
+    sp.add_argument("directory", metavar="DIR")
+    sp.add_argument("--data", help="a Kaldi data dir (with wav.scp) or a .jsonl manifest; default: copy the demo speech")
+    sp.set_defaults(func=cmd_init)
 
     sp = sub.add_parser("plan", help="print the shard plan (shard, items, seconds) without running anything")
     with_config(sp)

@@ -1,0 +1,74 @@
+"""``snakeshard init DIR``: a new project that uses the shipped workflow as a Snakemake module.
+
+It writes ``Snakefile`` (the module directive, room for the user's own rules),
+``config/config.yaml`` (one stage over the chosen data), ``my_stage.py`` (a runnable
+runner and provider) and ``profiles/local`` + ``profiles/slurm``. Without ``--data``
+it copies the demo speech that ships with snakeshard into ``data/demo``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from snakeshard.errors import ConfigError
+from snakeshard.resources import PACKAGE_DIR, demo_data_dir, profiles_dir
+
+TEMPLATE_DIR = PACKAGE_DIR / "project_template"
+WRITTEN = ("Snakefile", "config/config.yaml", "my_stage.py", "profiles/local/config.yaml",
+           "profiles/slurm/config.yaml")
+
+
+def init_project(directory: str | os.PathLike, data: str | None = None) -> list[str]:
+    """Write a new project into ``directory`` (created if missing); returns the files written.
+
+    Refuses to overwrite any file it would write. ``data`` is a Kaldi data dir or a ``.jsonl``
+    manifest; relative to the current directory, stored relative to the project when inside it.
+    """
+    root = Path(directory)
+    clashes = [name for name in WRITTEN if (root / name).exists()]
+    if clashes:
+        raise ConfigError(f"{root} already has {', '.join(clashes)}: not overwriting (choose an empty directory)")
+    if data is None:
+        name, path, fmt = "demo", "data/demo", "kaldi"
+        if (root / path).exists():
+            raise ConfigError(f"{root / path} already exists: not overwriting (or pass --data {root / path})")
+    else:
+        name, path, fmt = _describe_data(Path(data), root)
+
+    root.mkdir(parents=True, exist_ok=True)
+    if data is None:
+        shutil.copytree(demo_data_dir(), root / path, ignore=shutil.ignore_patterns("__init__.py", "__pycache__"))
+    config = (TEMPLATE_DIR / "config.yaml").read_text()
+    config = config.replace("__DATASET_NAME__", name).replace("__DATASET_PATH__", path)
+    (root / "config").mkdir(exist_ok=True)
+    (root / "config/config.yaml").write_text(config.replace("__DATASET_FORMAT__", fmt))
+    shutil.copyfile(TEMPLATE_DIR / "Snakefile", root / "Snakefile")
+    shutil.copyfile(TEMPLATE_DIR / "my_stage.py", root / "my_stage.py")
+    for profile in ("local", "slurm"):
+        (root / "profiles" / profile).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(profiles_dir() / profile / "config.yaml", root / "profiles" / profile / "config.yaml")
+    return list(WRITTEN) + ([path + "/"] if data is None else [])
+
+
+def _describe_data(data: Path, root: Path) -> tuple[str, str, str]:
+    """(dataset name, path as the config holds it, format) of the user's data."""
+    if not data.exists():
+        raise ConfigError(f"--data {data}: does not exist (relative to {os.getcwd()})")
+    if data.is_dir():
+        if not (data / "wav.scp").is_file():
+            raise ConfigError(f"--data {data}: a Kaldi data dir needs a wav.scp")
+        fmt = "kaldi"
+    elif data.suffix == ".jsonl":
+        fmt = "jsonl"
+    else:
+        raise ConfigError(f"--data {data}: give a Kaldi data dir (with wav.scp) or a .jsonl manifest")
+    absolute = data.resolve()
+    try:
+        path = str(absolute.relative_to(root.resolve()))
+    except ValueError:
+        path = str(absolute)  # outside the project: absolute, so it works from the project dir
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", absolute.stem if fmt == "jsonl" else absolute.name).lstrip("_.-") or "data"
+    return name, path, fmt

@@ -1,0 +1,280 @@
+"""First-contact defects (each test failed before its fix) and the per-stage canary job.
+
+Real `snakemake` and `snakeshard` processes on the toy workflow of conftest (40 keys, 4 shards).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import make_kaldi_dir, read_config, run_cli, run_snakemake, write_config
+
+TOY = Path("results/upper/toy")
+CONSOLE_SCRIPT = str(Path(sys.executable).parent / "snakeshard")
+
+
+def executed(proc, rule: str = r"shard_\w+") -> list[str]:
+    """Rule names of the jobs a snakemake run (or dry run) lists, in order."""
+    return re.findall(rf"^(?:local)?rule ({rule}):", proc.stdout + proc.stderr, re.M)
+
+
+def set_stage(wd: Path, **changes) -> None:
+    config = read_config(wd)
+    config["stages"]["upper"].update(changes)
+    write_config(wd, config)
+
+
+# -- defect 2: files written by rename get the umask's permissions, not mkstemp's 0600 --
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_atomic_writes_follow_the_umask(tmp_path, umask, mode):
+    """atomic_write_text under umask 022/002/077 gives 0644/0664/0600, as a plain open() would."""
+    code = ("import os, sys; os.umask(int(sys.argv[1], 8)); from snakeshard.atomic import atomic_write_text; "
+            "atomic_write_text(sys.argv[2], 'x'); open(sys.argv[3], 'w').close()")
+    subprocess.run([sys.executable, "-c", code, oct(umask)[2:], tmp_path / "atomic", tmp_path / "plain"], check=True)
+    assert stat.S_IMODE((tmp_path / "atomic").stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "plain").stat().st_mode) == mode
+
+
+def test_every_file_of_a_run_follows_the_umask(toy_workdir):
+    """A whole run under umask 002: plan.json, spec.json, keys, done, fragments, merged files, merged.json are 0664."""
+    old = os.umask(0o002)
+    try:
+        run = run_snakemake(toy_workdir)
+    finally:
+        os.umask(old)
+    assert run.returncode == 0, run.stderr[-3000:]
+    files = [p for p in (toy_workdir / "results").rglob("*") if p.is_file()]
+    names = {p.name for p in files}
+    assert {"plan.json", "spec.json", "keys", "done", "text", "merged.json"} <= names
+    wrong = {str(p.relative_to(toy_workdir)): oct(stat.S_IMODE(p.stat().st_mode))
+             for p in files if stat.S_IMODE(p.stat().st_mode) != 0o664}
+    assert not wrong
+
+
+# -- defect 3: the console script, with the project's own modules, outside the repository --
+
+def test_console_script_imports_the_projects_modules(tmp_path):
+    """`snakeshard plan` / `status` (the console script, not python -m) in a project outside the repo."""
+    project = tmp_path / "proj"
+    assert subprocess.run([CONSOLE_SCRIPT, "init", str(project)], capture_output=True).returncode == 0
+    for command in ("plan", "status"):
+        proc = subprocess.run([CONSOLE_SCRIPT, command], cwd=project, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert "stage energy, dataset demo" in proc.stdout
+
+
+# -- defect 4: a missing dataset path names the config key and the directory it is relative to --
+
+def test_missing_dataset_path_names_config_key_and_base_dir(toy_workdir):
+    config = read_config(toy_workdir)
+    config["datasets"] = {"mydata": {"path": "data/mydata"}}
+    config["stages"]["upper"]["datasets"] = ["mydata"]
+    write_config(toy_workdir, config)
+    expected = (f"datasets.mydata.path: data/mydata does not exist "
+                f"(relative paths are taken from the working directory {toy_workdir})")
+    dry = run_snakemake(toy_workdir, "-n")
+    assert dry.returncode != 0 and expected in dry.stdout + dry.stderr
+    plan = run_cli(toy_workdir, "plan")
+    assert plan.returncode == 1 and plan.stderr.strip() == "snakeshard: error: " + expected
+
+
+# -- defect 5: `snakeshard status | head` --
+
+def test_status_into_a_closed_pipe_ends_quietly(workdir):
+    """3,000 shards (~150 kB of status, more than a pipe holds): `| head -3` gives 3 lines and no traceback."""
+    make_kaldi_dir(workdir / "data/many", [f"u{i:05d}" for i in range(3000)], Path("data/demo/wav/cards-001.wav"))
+    config = read_config(workdir)
+    config["datasets"] = {"many": {"path": "data/many"}}
+    config["stages"]["asr"].update(datasets=["many"], sharding={"shard_size": 1}, report_wer=False)
+    write_config(workdir, config)
+    proc = subprocess.run(["bash", "-c", f"{CONSOLE_SCRIPT} status | head -3; echo \"status=${{PIPESTATUS[0]}}\" >&2"],
+                          cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert proc.stdout.splitlines()[0] == "stage asr, dataset many: 3000 shards"
+    assert len(proc.stdout.splitlines()) == 3
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().endswith("status=141")  # as a tool killed by SIGPIPE
+
+
+# -- defect 7: a done deleted after the merge --
+
+def test_deleted_done_after_merge_status_says_current_and_target_redoes_it(toy_workdir):
+    assert run_snakemake(toy_workdir).returncode == 0
+    merged = (toy_workdir / TOY / "text").read_bytes()
+    (toy_workdir / TOY / "split.1/done").unlink()
+
+    again = run_snakemake(toy_workdir)
+    assert again.returncode == 0 and executed(again) == []  # Snakemake: a removed intermediate
+    status = run_cli(toy_workdir, "status").stdout
+    assert re.search(r"split\.1\s+removed\s+10 items\s+done deleted after the merge; "
+                     r"`snakemake results/upper/toy/split\.1/done` redoes it", status), status
+    assert "merged: yes, current" in status
+
+    forced = run_snakemake(toy_workdir, f"{TOY}/split.1/done")  # what status tells the user to run
+    assert forced.returncode == 0 and executed(forced) == ["shard_upper"]
+    assert "wildcards: dataset=toy, shard=1" in forced.stdout + forced.stderr
+    remerge = run_snakemake(toy_workdir)
+    assert executed(remerge, "merge") == ["merge"]
+    assert (toy_workdir / TOY / "text").read_bytes() == merged
+    assert "summary: 4 done" in run_cli(toy_workdir, "status").stdout
+
+
+# -- merged scp files work from any directory --
+
+ARK_MODULE = '''
+import kaldiio
+import numpy as np
+
+from snakeshard import BaseRunner, EnvironmentProvider
+
+
+class Provider(EnvironmentProvider):
+    def build_env_local(self):
+        return {}
+
+
+class ArkRunner(BaseRunner):
+    """Writes feats.ark/feats.scp with kaldiio, paths relative to the working directory (as Kaldi does)."""
+
+    @staticmethod
+    def forward(key):
+        return {"feats": np.full((3, 2), int(key[3:]), dtype=np.float32)}
+
+    @staticmethod
+    def open_writers(shard_dir, **env):
+        return kaldiio.WriteHelper(f"ark,scp:{shard_dir}/feats.ark,{shard_dir}/feats.scp")
+
+    @staticmethod
+    def write_record(writers, result, state, **env):
+        writers(result["key"], result["feats"])
+
+    @staticmethod
+    def close_writers(writers, state, **env):
+        writers.close()
+        return ["feats.scp"]
+'''
+
+
+def test_merged_scp_loads_from_another_working_directory(toy_workdir, tmp_path):
+    (toy_workdir / "arks.py").write_text(ARK_MODULE)
+    set_stage(toy_workdir, runner="arks.ArkRunner", provider="arks.Provider")
+    run = run_snakemake(toy_workdir)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (toy_workdir / TOY / "split.0/feats.scp").read_text().startswith(f"utt000 {TOY}/split.0/feats.ark:")
+    lines = (toy_workdir / TOY / "feats.scp").read_text().splitlines()
+    assert len(lines) == 40 and all(line.split()[1].startswith(f"{toy_workdir}/{TOY}/split.") for line in lines)
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = ("import kaldiio, sys; d = kaldiio.load_scp(sys.argv[1]); "
+            "print(len(d), float(d['utt007'].sum()), d['utt039'].shape)")
+    proc = subprocess.run([sys.executable, "-c", code, str(toy_workdir / TOY / "feats.scp")], cwd=elsewhere,
+                          capture_output=True, text=True)
+    assert proc.stdout.split("\n")[0] == f"40 {float(np.full((3, 2), 7).sum())} (3, 2)", proc.stderr
+
+
+# -- the canary --
+
+NO_STATIC = '''
+from snakeshard import BaseRunner
+
+
+class Runner(BaseRunner):
+    def forward(self, key):
+        return {"text": key}
+'''
+
+
+def test_forward_without_staticmethod_fails_at_parse(toy_workdir):
+    (toy_workdir / "nostatic.py").write_text(NO_STATIC)
+    set_stage(toy_workdir, runner="nostatic.Runner")
+    dry = run_snakemake(toy_workdir, "-n")
+    assert dry.returncode != 0
+    assert ("stages.upper.runner: nostatic.Runner.forward (" + str(toy_workdir / "nostatic.py") + ":6) must be a "
+            "@staticmethod") in dry.stdout + dry.stderr
+    assert not (toy_workdir / TOY).exists() or not list((toy_workdir / TOY).glob("split.*/.attempt"))
+
+
+MISSING_ENV = '''
+from snakeshard import BaseRunner, EnvironmentProvider
+
+
+class Provider(EnvironmentProvider):
+    def build_env_local(self):
+        return {"model": "m"}
+
+
+class Runner(BaseRunner):
+    @staticmethod
+    def forward(key, *, model, tokenizer):
+        return {"text": key}
+
+
+class ListRunner(BaseRunner):
+    @staticmethod
+    def forward(key, *, model):
+        return {"text": [key, model]}
+'''
+
+
+@pytest.mark.parametrize("runner, message", [
+    ("Runner", "Runner.forward needs env key 'tokenizer', but the provider gave only ['model']"),
+    ("ListRunner", "field 'text' is a list; the default writer takes str/int/float/bool"),
+])
+def test_broken_stage_fails_in_its_canary_and_no_shard_job_starts(toy_workdir, runner, message):
+    (toy_workdir / "broken.py").write_text(MISSING_ENV)
+    set_stage(toy_workdir, runner=f"broken.{runner}", provider="broken.Provider", canary=2)
+    assert run_snakemake(toy_workdir, "-n").returncode == 0  # not visible in the source: the canary's job
+    run = run_snakemake(toy_workdir)
+    assert run.returncode != 0
+    assert executed(run, r"\w+") == ["canary_upper"]  # one job ran; no shard job was started
+    assert not list((toy_workdir / TOY).glob("split.*/.attempt"))
+    log = (toy_workdir / "results/upper/logs/canary.log").read_text()
+    assert "snakeshard: error: canary of stage 'upper' failed, so none of its shard jobs was started" in log
+    assert message in log
+    assert "results/upper/logs/canary.log" in run.stderr  # snakemake points at the one log to read
+
+
+def test_canary_runs_first_and_toggling_it_reruns_nothing(toy_workdir):
+    """canary: 2 runs 2 keys before the 4 shards; turning it off or on again reruns no shard;
+    a changed stage runs the canary and then every shard again."""
+    set_stage(toy_workdir, canary=2)
+    run = run_snakemake(toy_workdir, "--cores", "1")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert executed(run, r"(?:canary|shard)_\w+") == ["canary_upper"] + ["shard_upper"] * 4
+    done, = (toy_workdir / "results/upper/_canary").glob("*/done")
+    assert json.loads(done.read_text())["items"] == 2
+    assert (done.parent / "keys").read_text() == "utt000\nutt001\n"
+
+    for canary in (0, 3):
+        set_stage(toy_workdir, canary=canary)
+        again = run_snakemake(toy_workdir)
+        assert again.returncode == 0 and executed(again, r"\w+") == [], again.stdout[-2000:]
+
+    set_stage(toy_workdir, provider_config={"suffix": "!"})
+    changed = run_snakemake(toy_workdir, "--cores", "1")
+    assert changed.returncode == 0, changed.stderr[-3000:]
+    assert executed(changed, r"(?:canary|shard)_\w+") == ["canary_upper"] + ["shard_upper"] * 4
+    canaries = [p.name for p in (toy_workdir / "results/upper/_canary").iterdir()]
+    assert len(canaries) == 1 and canaries != [done.parent.name]  # the old fingerprint's canary is gone
+    assert (toy_workdir / TOY / "text").read_text().splitlines()[0] == "utt000 UTT000!"
+
+
+def test_canary_off_builds_nothing(toy_workdir):
+    """With canary: 0 (the default) the canary job writes its done without importing the provider's model."""
+    set_stage(toy_workdir, provider_config={"allocate_mb": 1})
+    run = run_snakemake(toy_workdir)
+    assert run.returncode == 0
+    done, = (toy_workdir / "results/upper/_canary").glob("*/done")
+    assert json.loads(done.read_text())["canary"] == "off"
+    assert executed(run, "canary_upper") == ["canary_upper"]
