@@ -1,12 +1,17 @@
-"""The README's custom stage example runs as written, through snakemake and in-process."""
+"""The README is true: its example stage runs as written, its outputs are a real run's, CI runs its commands."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import tomllib
 
 import yaml
 
-from conftest import PROJECT, read_config, run_snakemake, write_config
+from conftest import PROJECT, read_config, run_cli, run_snakemake, write_config
+
+TEMPLATE = PROJECT / "src/snakeshard/project_template"
 
 
 def readme_block(lang: str, first_line: str) -> str:
@@ -46,3 +51,90 @@ def test_readme_custom_stage_runs_as_written(workdir, monkeypatch):
     assert repr(energy["cards-001"]) in expected  # the workflow and the in-process call agree
     done = EnergyRunner(EnergyProvider({"dataset": {"path": "data/demo"}}), output_dir=workdir / "e")(["cards-001"])
     assert done["items"] == 1 and (workdir / "e/energy_db").read_text() == f"cards-001 {energy['cards-001']}\n"
+
+
+def test_readme_stage_is_what_init_writes():
+    """The README's my_stage.py and project Snakefile are the files `snakeshard init` writes."""
+    assert readme_block("python", "# my_stage.py") == (TEMPLATE / "my_stage.py").read_text()
+    shown = readme_block("python", "# A snakeshard project")
+    assert (TEMPLATE / "Snakefile").read_text().startswith(shown)
+
+
+def test_repository_snakefile_is_the_project_template_on_the_repositorys_workflow():
+    """The clone's demo runs through the same module directive a user's project uses."""
+    def code(text):
+        return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    template = [line.replace("snakeshard.snakefile()", '"workflow/Snakefile"')
+                for line in code((TEMPLATE / "Snakefile").read_text()) if line != "import snakeshard"]
+    assert code((PROJECT / "Snakefile").read_text()) == template
+
+
+def test_ci_runs_the_readme_commands_and_command_1_installs_what_command_2_needs():
+    """Defect: command 1 installed .[demo] only, so command 2 answered `No module named pytest`."""
+    printed = subprocess.run([sys.executable, PROJECT / ".ci/readme_commands.py"], capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    section = (PROJECT / "README.md").read_text().split("## From a clone: two commands", 1)[1]
+    assert printed == [line for line in section.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+                       if line and not line.startswith("#")]
+    setup, tests = printed
+    assert tests == ".venv/bin/python -m pytest -q"
+    extras = re.search(r'pip install -q -e "\.\[([a-z,]+)\]"', setup).group(1).split(",")
+    project = tomllib.loads((PROJECT / "pyproject.toml").read_text())["project"]
+    installed = [req for extra in extras for req in project["optional-dependencies"][extra]]
+    assert any(req.startswith("pytest") for req in installed), extras
+    ci = (PROJECT / ".ci/run").read_text()
+    assert "python3 .ci/readme_commands.py" in ci and 'eval "$command"' in ci
+    assert "pytest" not in ci.replace("the tests", "")  # no variant of the commands of its own
+
+
+def test_readme_stands_alone():
+    """No link outside the repository (../shared is not in a clone)."""
+    readme = (PROJECT / "README.md").read_text()
+    assert "../shared" not in readme and "DESIGN.md" not in readme
+
+
+def fenced_blocks() -> list[tuple[str, list[str]]]:
+    """(language, lines) of every fenced block of the README, in order (fences may be indented)."""
+    blocks, current, lang = [], None, ""
+    for line in (PROJECT / "README.md").read_text().splitlines():
+        fence = line.strip().startswith("```")
+        if fence and current is None:
+            current, lang = [], line.strip()[3:]
+        elif fence:
+            blocks.append((lang, current))
+            current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+def shown_output(command: str) -> list[str]:
+    """The lines the README shows under ``$ <command>`` in an output block, up to the next ``$`` line."""
+    for lang, lines in fenced_blocks():
+        for i, line in enumerate(lines):
+            if not lang and line.startswith(f"$ {command}"):
+                rest = lines[i + 1:]
+                end = next((j for j, x in enumerate(rest) if x.startswith("$ ")), len(rest))
+                return rest[:end]
+    raise AssertionError(f"README shows no output of {command!r}")
+
+
+def job_stats(text: str) -> list[str]:
+    """The first `Job stats` table of a snakemake (dry) run."""
+    lines = text.splitlines()
+    start = lines.index("job           count") if "job           count" in lines else next(
+        i for i, line in enumerate(lines) if line.startswith("job ") and line.endswith("count"))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("total"))
+    return lines[start:end + 1]
+
+
+def test_readme_demo_outputs_are_real(workdir):
+    """`snakeshard plan`, `snakemake -n` and `snakeshard status` of the demo print what the README shows."""
+    assert run_cli(workdir, "plan").stdout.splitlines() == shown_output("snakeshard plan                      #")
+    dry = run_snakemake(workdir, "-n")
+    assert job_stats(dry.stdout + dry.stderr) == shown_output("snakemake -n --profile config/profiles/local")
+    run = run_snakemake(workdir)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run_cli(workdir, "status").stdout.splitlines() == shown_output("snakeshard status                    #")
+    wer = (workdir / "results/asr/demo/wer.txt").read_text()
+    assert wer.split(" hyp=")[0] in (PROJECT / "README.md").read_text()
