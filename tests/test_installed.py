@@ -1,0 +1,131 @@
+"""From an installed wheel, in a fresh virtualenv, in an empty directory: the README's "Your own
+project" block as written, then a kill -9 of one shard and a rerun, then a rule of the user's own
+beside the module's, all from the project directory with no clone on sys.path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import PROJECT
+from test_readme import fenced_blocks, shown_output
+
+
+@pytest.fixture(scope="module")
+def quick_start(tmp_path_factory) -> dict:
+    """Run the README's quick-start block in bash, the venv and the clone's paths substituted."""
+    home = tmp_path_factory.mktemp("user")
+    block = next(lines for lang, lines in fenced_blocks() if lang == "bash" and lines[0].startswith("python3 -m venv"))
+    script = "\n".join(block).replace("~/.venvs/snakeshard", str(home / "venv")).replace("./snakeshard", str(PROJECT))
+    # Each command's output, marked so the test can compare it with what the README shows.
+    marked = "\n".join(f"echo '@@@ {line.split('#')[0].strip()}'\n{line}" for line in script.splitlines())
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    proc = subprocess.run(["bash", "-ec", marked], cwd=home, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    outputs = dict(re.findall(r"^@@@ (.*)\n((?:(?!@@@ ).*\n)*)", proc.stdout, re.M))
+    return {"home": home, "project": home / "my_project", "venv": home / "venv", "outputs": outputs,
+            "stderr": proc.stderr, "env": env}
+
+
+def venv_run(qs: dict, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    env = {**qs["env"], "PATH": f"{qs['venv']}/bin:{qs['env']['PATH']}"}
+    return subprocess.run(list(args), cwd=qs["project"], env=env, capture_output=True, text=True,
+                          timeout=kwargs.pop("timeout", 600), **kwargs)
+
+
+def test_quick_start_prints_what_the_readme_shows(quick_start):
+    out = quick_start["outputs"]
+    assert out["snakeshard init my_project"].splitlines()[0] == shown_output("snakeshard init my_project")[0]
+    assert out["snakeshard plan"].splitlines() == shown_output("snakeshard plan")
+    assert out["snakeshard status"].splitlines() == shown_output("snakeshard status")
+    dry = quick_start["stderr"] + out["snakemake -n"]
+    for line in shown_output("snakemake -n"):
+        assert line in dry.splitlines(), line
+    assert "5 of 5 steps (100%) done" in quick_start["stderr"]
+    energy = (quick_start["project"] / "results/energy/demo/energy_db").read_text().splitlines()
+    assert len(energy) == 10 and energy[0] == "cards-001 -19.77"
+
+
+def test_installed_package_runs_without_the_clone(quick_start):
+    """snakeshard and its workflow come from the venv's site-packages, not from the clone."""
+    code = "import snakeshard, sys; print(snakeshard.__file__); print(snakeshard.snakefile()); print(sys.path)"
+    out = venv_run(quick_start, "python", "-c", code).stdout.splitlines()
+    site = str(quick_start["venv"] / "lib")
+    assert out[0].startswith(site) and out[1].startswith(site) and out[1].endswith("_workflow/Snakefile")
+    assert str(PROJECT) not in out[2]
+
+
+SLOW_STAGE = '''
+import time
+
+from my_stage import EnergyProvider, EnergyRunner
+
+
+class SlowEnergyRunner(EnergyRunner):
+    @staticmethod
+    def forward(key, *, dataset, floor_db):
+        time.sleep(0.5)
+        return EnergyRunner.forward(key, dataset=dataset, floor_db=floor_db)
+'''
+
+
+def shard_process(project: Path, shard: int):
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        cmd = proc.info["cmdline"] or []
+        if "run-shard" in cmd and proc.info["cwd"] == str(project) and cmd[cmd.index("--shard") + 1] == str(shard):
+            return proc
+    return None
+
+
+def test_kill9_of_one_shard_then_rerun_from_the_project(quick_start):
+    """A slow stage of 4 shards: kill -9 of shard 2 mid-run; status names it; the rerun runs only it."""
+    project = quick_start["project"]
+    (project / "slow_stage.py").write_text(SLOW_STAGE)
+    config = (project / "config/config.yaml").read_text()
+    config += ("  slow:\n    runner: slow_stage.SlowEnergyRunner\n    provider: my_stage.EnergyProvider\n"
+               "    datasets: [demo]\n    sharding: {num_shards: 4}\n")
+    (project / "config/config.yaml").write_text(config)
+    env = {**quick_start["env"], "PATH": f"{quick_start['venv']}/bin:{quick_start['env']['PATH']}"}
+    driver = subprocess.Popen(["snakemake", "--profile", "profiles/local", "--cores", "2"], cwd=project, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while not (victim := shard_process(project, 2)) and time.time() < deadline:
+        time.sleep(0.05)
+    assert victim, "shard 2 never started"
+    time.sleep(0.7)
+    victim.send_signal(signal.SIGKILL)
+    out, _ = driver.communicate(timeout=300)
+    assert driver.returncode != 0, out
+    base = project / "results/slow/demo"
+    assert not (base / "split.2/done").exists() and not (base / "merged.json").exists()
+    status = venv_run(quick_start, "snakeshard", "status").stdout
+    assert re.search(r"split\.2\s+(failed|incomplete)", status), status
+    assert "summary: 5 done, 1 incomplete" in status or "summary: 5 done, 1 failed" in status  # 2 energy + 3 slow
+
+    rerun = venv_run(quick_start, "snakemake", "--profile", "profiles/local", "--cores", "2")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    shards = re.findall(r"rule shard_slow:\n(?:    .*\n)*?    wildcards: .*shard=(\d+)", rerun.stdout + rerun.stderr)
+    assert shards == ["2"]
+    assert (base / "energy_db").read_text() == (project / "results/energy/demo/energy_db").read_text()
+    assert "summary: 6 done" in venv_run(quick_start, "snakeshard", "status").stdout
+
+
+def test_a_rule_of_the_users_own_reads_a_merged_output(quick_start):
+    """The commented example at the end of the generated Snakefile, uncommented, runs after the module's rules."""
+    project = quick_start["project"]
+    snakefile = (project / "Snakefile").read_text()
+    example = snakefile[snakefile.index("# rule loudest:"):]
+    (project / "Snakefile").write_text(snakefile + "\n" + "\n".join(line[2:] for line in example.splitlines()) + "\n")
+    run = venv_run(quick_start, "snakemake", "--profile", "profiles/local", "results/loudest.txt")
+    assert run.returncode == 0, run.stderr[-3000:]
+    energy = dict(line.split() for line in (project / "results/energy/demo/energy_db").read_text().splitlines())
+    loudest = sorted(energy.items(), key=lambda kv: -float(kv[1]))[:3]
+    assert (project / "results/loudest.txt").read_text() == "".join(f"{k} {v}\n" for k, v in loudest)
