@@ -65,10 +65,12 @@ def set_stage(workdir: Path, stage: str, **changes) -> None:
 
 
 def test_demo_through_slurm_is_byte_identical_to_local(workdir, clean_demo_text):
-    """The demo pipeline submitted as SLURM jobs: 2 shard jobs, and the merged text equals the local run's bytes."""
+    """The demo pipeline submitted as SLURM jobs: the canary (on in the SLURM profile), then 2 shard jobs;
+    the merged text equals the local run's bytes."""
     run = run_slurm(workdir)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert len(submitted(run.stdout + run.stderr)) == 2  # plan, merge and wer stay local
+    logs = list(submitted(run.stdout + run.stderr).values())  # plan, merge and wer stay local
+    assert len(logs) == 3 and "/rule_canary_asr/" in logs[0] and all("/rule_shard_asr/" in log for log in logs[1:])
     assert (workdir / "results/asr/demo/text").read_bytes() == clean_demo_text
     assert "WER" in (workdir / "results/asr/demo/wer.txt").read_text()
 
@@ -80,7 +82,7 @@ def test_failing_shard_reports_job_id_and_logs_and_rerun_submits_one_job(toy_wor
     out = first.stdout + first.stderr
     assert first.returncode != 0
     jobs = submitted(out)
-    assert len(jobs) == 4
+    assert len(jobs) == 5  # the canary (first 2 keys pass) and 4 shards
     failed = re.search(r"SLURM-job '(\d+)' failed, SLURM status is: 'FAILED'", out)
     assert failed, out[-3000:]
     assert "toy_1/" in jobs[failed.group(1)]  # the failed job is shard 1's, and its SLURM log is named
@@ -134,7 +136,7 @@ def test_scancel_of_a_running_shard_is_reported_and_rerun_recovers(toy_workdir):
 
 def test_out_of_memory_shard_is_retried_with_more_memory(toy_workdir):
     """A shard holding ~600 MB under mem_mb 500 is killed by SLURM, retried with 1000 MB (attempt 2), and succeeds."""
-    set_stage(toy_workdir, "upper", sharding={"num_shards": 1}, retries=2,
+    set_stage(toy_workdir, "upper", sharding={"num_shards": 1}, retries=2, canary=0,
               resources={"mem_mb": 500, "runtime": 5},
               provider_config={"allocate_mb": 600, "item_delay": 0.1}, fingerprint_ignore=["item_delay"])
     run = run_slurm(toy_workdir)
@@ -147,3 +149,34 @@ def test_out_of_memory_shard_is_retried_with_more_memory(toy_workdir):
     first_log = Path(jobs[accounting[0][0]]).read_text()
     assert "Exceeded job memory limit" in first_log
     assert len((toy_workdir / TOY / "text").read_text().splitlines()) == 40
+
+
+BROKEN = '''
+from snakeshard import BaseRunner, EnvironmentProvider
+
+
+class Provider(EnvironmentProvider):
+    def build_env_local(self):
+        return {"model": "m"}
+
+
+class Runner(BaseRunner):
+    @staticmethod
+    def forward(key, *, model, tokenizer):
+        return {"text": key}
+'''
+
+
+def test_broken_stage_submits_one_canary_job_not_one_per_shard(toy_workdir):
+    """A provider without the env name forward asks for: 1 SLURM job (the canary) fails, 0 of the 4 shards are submitted."""
+    (toy_workdir / "broken.py").write_text(BROKEN)
+    set_stage(toy_workdir, "upper", runner="broken.Runner", provider="broken.Provider")
+    run = run_slurm(toy_workdir)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0
+    jobs = submitted(out)
+    assert len(jobs) == 1 and "/rule_canary_upper/" in next(iter(jobs.values())), out[-3000:]
+    log = (toy_workdir / "results/upper/logs/canary.log").read_text()
+    assert "canary of stage 'upper' failed, so none of its shard jobs was started" in log
+    assert "needs env key 'tokenizer'" in log
+    assert not list((toy_workdir / TOY).glob("split.*/.attempt"))

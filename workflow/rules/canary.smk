@@ -13,14 +13,8 @@
 # the job writes its done without building anything.
 
 
-def _canary_resources(stage):
-    res = SHARD_RESOURCES[stage]
-    resources = {name: res[name] for name in SLURM_PASSTHROUGH if name in res}
-    resources.update(mem_mb=res["mem_mb"], runtime=res["runtime"], cpus_per_task=res["cpus_per_task"])
-    return resources
-
-
 for _stage, _canary in WF.canaries.items():
+    _fingerprint, _resources = _shard_rule_functions(_stage)  # the shard jobs' resources and retries
 
     rule:
         name:
@@ -35,8 +29,9 @@ for _stage, _canary in WF.canaries.items():
             fingerprint=_canary["fingerprint"],
         localrule: not _canary["items"]
         threads: SHARD_RESOURCES[_stage]["cpus_per_task"]
+        retries: SHARD_RESOURCES[_stage]["retries"]
         resources:
-            **_canary_resources(_stage),
+            **_resources,
         shell:
             '"$SNAKESHARD_PYTHON" -m snakeshard run-shard --shard canary --spec {params.spec}'
             " --shard-dir {params.shard_dir} --fingerprint {params.fingerprint} --log {log} > {log} 2>&1"
