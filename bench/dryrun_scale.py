@@ -1,6 +1,6 @@
 """Benchmark (not a test): `snakemake -n` with N shards, snakeshard workflow vs a raw Snakefile.
 
-Snakeshard side: a copy of Snakefile, workflow/, config/, scripts/ and envs/ with a Kaldi data dir of N
+Snakeshard side: a copy of Snakefile, workflow/ and config/ with a Kaldi data dir of N
 keys (all pointing at one wav) and one stage sharded with ``shard_size: 1`` -> N shard
 jobs + merge. The first run plans (writes N split.N/keys files) and is reported as
 "cold"; warm runs reuse plan.json. Raw side: N trivial jobs, each with an input file,
@@ -60,7 +60,7 @@ rule job:
 
 def make_snakeshard(root: Path, n: int) -> None:
     root.mkdir(parents=True)
-    for name in ("Snakefile", "workflow", "config", "scripts", "envs"):
+    for name in ("Snakefile", "workflow", "config"):
         src = REPO / name
         if src.is_dir():
             shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))

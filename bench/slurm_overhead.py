@@ -45,7 +45,7 @@ FAST_STATUS = ["--slurm-init-seconds-before-status-checks", "1", "--seconds-betw
 def make_workdir(path: Path, shards: int) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
-    for part in ("Snakefile", "workflow", "config", "scripts", "envs"):
+    for part in ("Snakefile", "workflow", "config"):
         (shutil.copytree if (ROOT / part).is_dir() else shutil.copy2)(ROOT / part, path / part)
     (path / "data/toy").mkdir(parents=True)
     wav = path / "data/toy/a.wav"

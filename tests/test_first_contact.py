@@ -278,3 +278,32 @@ def test_canary_off_builds_nothing(toy_workdir):
     done, = (toy_workdir / "results/upper/_canary").glob("*/done")
     assert json.loads(done.read_text())["canary"] == "off"
     assert executed(run, "canary_upper") == ["canary_upper"]
+
+
+# -- snakeshard init --
+
+def test_init_with_own_data_and_refusals(tmp_path):
+    """--data: a Kaldi dir outside the project is stored absolute and planned; a second init, missing data
+    and a file that is not a dataset are refused, naming what to fix."""
+    data = make_kaldi_dir(tmp_path / "corpora/my-set", ["a1", "a2", "a3"],
+                          Path(__file__).resolve().parents[1] / "data/demo/wav/cards-001.wav")
+    project = tmp_path / "proj"
+    init = subprocess.run([CONSOLE_SCRIPT, "init", str(project), "--data", str(data)], capture_output=True, text=True)
+    assert init.returncode == 0, init.stderr
+    config = read_config(project)
+    assert config["datasets"] == {"my-set": {"path": str(data), "format": "kaldi"}}
+    assert not (project / "data").exists()  # no demo copy when the user brings data
+    plan = subprocess.run([CONSOLE_SCRIPT, "plan"], cwd=project, capture_output=True, text=True)
+    assert plan.returncode == 0 and "(2 shards)" in plan.stdout and "a1 .. a2" in plan.stdout, plan.stderr
+
+    again = subprocess.run([CONSOLE_SCRIPT, "init", str(project)], capture_output=True, text=True)
+    assert again.returncode == 1
+    assert f"snakeshard: error: {project} already has Snakefile, config/config.yaml, my_stage.py" in again.stderr
+    missing = subprocess.run([CONSOLE_SCRIPT, "init", str(tmp_path / "p2"), "--data", "nope"], cwd=tmp_path,
+                             capture_output=True, text=True)
+    assert missing.returncode == 1 and f"--data nope: does not exist (relative to {tmp_path})" in missing.stderr
+    (tmp_path / "notes.txt").write_text("x")
+    wrong = subprocess.run([CONSOLE_SCRIPT, "init", str(tmp_path / "p3"), "--data", str(tmp_path / "notes.txt")],
+                           capture_output=True, text=True)
+    assert wrong.returncode == 1 and "give a Kaldi data dir (with wav.scp) or a .jsonl manifest" in wrong.stderr
+    assert not (tmp_path / "p2").exists() and not (tmp_path / "p3").exists()  # nothing half-written

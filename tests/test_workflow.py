@@ -238,7 +238,7 @@ def test_stage_resources_reach_the_slurm_jobs(toy_workdir):
     assert dry.returncode == 0, dry.stderr[-3000:]
     lines = [line for line in (dry.stdout + dry.stderr).splitlines()
              if line.startswith("    resources:") and "mem_mb=700" in line]
-    assert len(lines) == 4, dry.stdout[-3000:]
+    assert len(lines) == 5, dry.stdout[-3000:]  # 4 shard jobs and the canary (on in the SLURM profile)
     for line in lines:
         for item in ("runtime=7", "cpus_per_task=2", "slurm_partition=debug", "constraint=fast"):
             assert item in line, line
