@@ -220,6 +220,11 @@ class Runner(BaseRunner):
         return {"text": key}
 
 
+class NoModelProvider(EnvironmentProvider):
+    def build_env_local(self):
+        raise FileNotFoundError("model.bin is not there")
+
+
 class ListRunner(BaseRunner):
     @staticmethod
     def forward(key, *, model):
@@ -243,6 +248,18 @@ def test_broken_stage_fails_in_its_canary_and_no_shard_job_starts(toy_workdir, r
     assert "snakeshard: error: canary of stage 'upper' failed, so none of its shard jobs was started" in log
     assert message in log
     assert "results/upper/logs/canary.log" in run.stderr  # snakemake points at the one log to read
+
+
+def test_provider_failing_to_build_fails_the_canary_naming_the_error(toy_workdir):
+    """A provider that raises while building its env: the canary fails with the provider's error, no shard starts."""
+    (toy_workdir / "broken.py").write_text(MISSING_ENV)
+    set_stage(toy_workdir, runner="broken.ListRunner", provider="broken.NoModelProvider", canary=2)
+    run = run_snakemake(toy_workdir)
+    assert run.returncode != 0 and executed(run, r"\w+") == ["canary_upper"]
+    log = (toy_workdir / "results/upper/logs/canary.log").read_text()
+    assert ("snakeshard: error: canary of stage 'upper' failed while building the provider's env, so none of its "
+            "shard jobs was started: FileNotFoundError: model.bin is not there") in log
+    assert "Traceback" in log  # the provider's own traceback, above the one-line error
 
 
 def test_canary_runs_first_and_toggling_it_reruns_nothing(toy_workdir):

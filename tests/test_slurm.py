@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import read_config, run_cli, write_config
+from test_first_contact import MISSING_ENV
 
 
 def _cluster_up() -> bool:
@@ -151,25 +152,9 @@ def test_out_of_memory_shard_is_retried_with_more_memory(toy_workdir):
     assert len((toy_workdir / TOY / "text").read_text().splitlines()) == 40
 
 
-BROKEN = '''
-from snakeshard import BaseRunner, EnvironmentProvider
-
-
-class Provider(EnvironmentProvider):
-    def build_env_local(self):
-        return {"model": "m"}
-
-
-class Runner(BaseRunner):
-    @staticmethod
-    def forward(key, *, model, tokenizer):
-        return {"text": key}
-'''
-
-
 def test_broken_stage_submits_one_canary_job_not_one_per_shard(toy_workdir):
     """A provider without the env name forward asks for: 1 SLURM job (the canary) fails, 0 of the 4 shards are submitted."""
-    (toy_workdir / "broken.py").write_text(BROKEN)
+    (toy_workdir / "broken.py").write_text(MISSING_ENV)
     set_stage(toy_workdir, "upper", runner="broken.Runner", provider="broken.Provider")
     run = run_slurm(toy_workdir)
     out = run.stdout + run.stderr

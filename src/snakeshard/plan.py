@@ -167,17 +167,6 @@ def read_keys_file(shard_dir: str | os.PathLike) -> tuple[list[str], bytes]:
     return raw.decode("utf-8").split("\n")[:-1], raw
 
 
-def read_keys_head(shard_dir: str | os.PathLike, n: int) -> list[str]:
-    """The first ``n`` keys of ``shard_dir/keys``, reading no further than needed."""
-    keys = []
-    with open(Path(shard_dir, "keys"), encoding="utf-8") as f:
-        for line in f:
-            if len(keys) == n:
-                break
-            keys.append(line.rstrip("\n"))
-    return keys
-
-
 def read_shard_keys(shard_dir: str | os.PathLike) -> list[str]:
     return read_keys_file(shard_dir)[0]
 

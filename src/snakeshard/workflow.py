@@ -15,7 +15,7 @@ from snakeshard import __version__
 from snakeshard.atomic import write_if_changed
 from snakeshard.errors import ConfigError
 from snakeshard.fingerprint import keys_text, shard_fingerprint, stage_fingerprint
-from snakeshard.plan import ensure_plan, read_keys_head
+from snakeshard.plan import ensure_plan, read_shard_keys
 
 # The canary's shard dir, beside the stage's dataset dirs (dataset names cannot start with "_").
 CANARY_DIR = "_canary"
@@ -70,30 +70,36 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
         if reserved:
             raise ConfigError(f"stages.{name}.provider_config.{reserved[0]}: this key is set by snakeshard "
                               "(the dataset spec / the job's devices); rename it")
-        for role in ("runner", "provider"):
-            check_import_path(stage[role], f"stages.{name}.{role}")
-        check_runner_source(stage["runner"], f"stages.{name}.runner")
+        check_import_path(stage["provider"], f"stages.{name}.provider")
+        runner_source = check_import_path(stage["runner"], f"stages.{name}.runner")
+        if runner_source is not None:
+            check_runner_source(stage["runner"], f"stages.{name}.runner", *runner_source)
 
 
-def check_import_path(path: str, where: str) -> None:
-    """Fail early on a misspelt ``module.Class`` path without importing the (heavy) module itself."""
+def check_import_path(path: str, where: str):
+    """Fail early on a misspelt ``module.Class`` path without importing the (heavy) module itself.
+
+    Returns (source file, parsed module) for further checks, or None for a module without Python source.
+    """
     module, attr, origin = _locate(path, where)
-    if origin and attr not in _top_level_names(_parse(origin)):
+    if origin is None:
+        return None
+    tree = _parse(origin)
+    if attr not in _top_level_names(tree):
         raise ConfigError(f"{where}: cannot import {path!r}: module {module!r} ({origin}) defines no {attr!r}")
+    return origin, tree
 
 
-def check_runner_source(path: str, where: str) -> None:
-    """Contract mistakes visible in the runner's source, read with ``ast`` (importing could load a model).
+def check_runner_source(path: str, where: str, origin: str, tree) -> None:
+    """Contract mistakes visible in the runner's source ``tree`` (parsed by ``check_import_path``).
 
     A ``forward`` without ``@staticmethod`` would fail in every shard job (they call it on the class).
     Only a ``forward`` defined in the class itself is checked; inherited ones are checked in the job.
     """
-    _, attr, origin = _locate(path, where)
-    if not origin:
-        return
     import ast
 
-    for node in _parse(origin).body:
+    attr = path.rpartition(".")[2]
+    for node in tree.body:
         if not (isinstance(node, ast.ClassDef) and node.name == attr):
             continue
         for item in node.body:
@@ -257,12 +263,11 @@ class Workflow:
         ds = self.config["stages"][stage]["datasets"][0]
         base = set_dir(self.config, stage, ds)
         n = canary_items(self.config, stage)
-        keys = read_keys_head(f"{base}/split.0", n) if n else []
+        keys = read_shard_keys(f"{base}/split.0")[:n] if n else []  # off: read nothing at parse
         stage_fp = self.stage_fps[stage, ds]
         canary_dir = f"{self.out}/{stage}/{CANARY_DIR}/{stage_fp}"
         write_if_changed(f"{canary_dir}/keys", keys_text(keys))
-        return {"dir": canary_dir, "dataset": ds, "items": len(keys), "spec": f"{base}/spec.json",
-                "fingerprint": stage_fp}
+        return {"dir": canary_dir, "items": len(keys), "spec": f"{base}/spec.json", "fingerprint": stage_fp}
 
     def num_shards(self, stage: str, dataset: str) -> int:
         return self.plans[stage, dataset]["num_shards"]
