@@ -9,8 +9,8 @@ import pytest
 
 from snakeshard import BaseRunner
 from snakeshard.errors import MergeError
-from snakeshard.fingerprint import shard_fingerprint
-from snakeshard.merge import merge_set
+from snakeshard.fingerprint import inputs_digest, shard_fingerprint
+from snakeshard.merge import merge_set as merge_with_fingerprints
 from snakeshard.plan import ensure_plan, read_shard_keys
 from snakeshard.shard import run_shard
 
@@ -50,6 +50,14 @@ def run_one(set_dir: Path, shard: dict, runner_cls, env: dict, fingerprint: str 
               progress=False)
 
 
+def merge_set(set_dir: Path, plan: dict, stage_fp: str, runner_cls):
+    """merge_set with the fingerprints a parse would compute for ``stage_fp`` (shard inputs: the keys only)."""
+    shard_fps = [shard_fingerprint(stage_fp, s["keys_digest"]) for s in plan["shards"]]
+    fingerprints = {"stage": stage_fp, "inputs": inputs_digest(shard_fps),
+                    "shards": [{"fingerprint": fp} for fp in shard_fps]}
+    return merge_with_fingerprints(set_dir, plan, fingerprints, runner_cls)
+
+
 def refuse(set_dir: Path, plan: dict, runner_cls=UpperRunner, stage_fp: str = STAGE_FP) -> str:
     """Run merge_set expecting a MergeError; check it wrote no merged.json; return the message."""
     with pytest.raises(MergeError) as e:
@@ -67,7 +75,9 @@ def test_happy_path_concatenates_in_shard_order(tmp_path):
     assert (set_dir / "text").read_bytes() == expected
     assert expected == "".join(f"{k} {k.upper()} words\n" for k in KEYS).encode()
     assert json.loads((set_dir / "merged.json").read_text()) == record == {
-        "items": 10, "shards": 3, "fingerprint": STAGE_FP, "files": ["text"]}
+        "items": 10, "shards": 3, "fingerprint": STAGE_FP,
+        "inputs": inputs_digest([shard_fingerprint(STAGE_FP, s["keys_digest"]) for s in plan["shards"]]),
+        "files": ["text"]}
 
 
 def test_merge_accepts_reordered_fragment(tmp_path):

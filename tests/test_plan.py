@@ -100,11 +100,28 @@ def test_num_shards_greater_than_items_caps_at_items():
     assert [[i.key for i in s] for s in shards] == [["k000"], ["k001"], ["k002"]]
 
 
-def test_num_shards_uses_counts_when_some_duration_is_unknown():
-    """Gives durations for all items but one: num_shards must balance counts, not the partial seconds."""
-    costs = [100.0, None, 1.0, 1.0, 1.0, 1.0]
-    shards = plan_shards(items(costs), {"num_shards": 2})
-    assert [len(s) for s in shards] == [3, 3]
+def test_one_missing_duration_is_read_from_its_audio_header_not_a_switch_to_counts(tmp_path):
+    """utt2dur lacks one key: its duration comes from its wav header (per-key fallback); the plan stays
+    balanced by seconds. Before, the whole plan silently switched to item counts."""
+    import numpy as np
+    import soundfile as sf
+
+    wav = tmp_path / "k001.wav"
+    sf.write(wav, np.zeros(16000 * 100, dtype="int16"), 16000)  # 100 s
+    costs = [1.0, None, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    its = items(costs)
+    its[1].audio = str(wav)
+    shards = plan_shards(its, {"num_shards": 2})
+    assert [len(s) for s in shards] == [2, 8]  # by counts it would be [5, 5]
+    assert its[1].seconds == 100.0
+
+
+def test_one_missing_duration_behind_a_pipe_is_an_error_naming_the_key():
+    """A key without a duration whose audio is a pipe: no header to read, so the plan fails naming it."""
+    its = items([1.0, None, 1.0])
+    its[1].audio = "sox x.wav -t wav - |"
+    with pytest.raises(DataError, match=r"key 'k001' \(test:2\): cannot read a duration from 'sox x.wav -t wav - \|'"):
+        plan_shards(its, {"num_shards": 2})
 
 
 # -- shard_size / shard_seconds ----------------------------------------------------------------
@@ -128,7 +145,7 @@ def test_shard_seconds_budget_and_long_item_stands_alone():
 def test_shard_seconds_reads_durations_from_audio_headers(tmp_path):
     """Plans a Kaldi dir without utt2dur by shard_seconds: durations come from the wav headers (1.095 s each)."""
     spec = kaldi_dir(tmp_path / "data", [f"u{i}" for i in range(5)])
-    plan, keys = make_plan(spec, {"shard_seconds": 2.5})
+    plan, keys, _ = make_plan(spec, {"shard_seconds": 2.5})
     assert keys == [["u0", "u1"], ["u2", "u3"], ["u4"]]
     assert [s["seconds"] for s in plan["shards"]] == [2.191, 2.191, 1.095]
 
@@ -149,9 +166,9 @@ def test_make_plan_is_deterministic(tmp_path):
     durs = [1.0 + (i * 7 % 11) for i in range(37)]
     a = kaldi_dir(tmp_path / "a", keys, durs)
     b = kaldi_dir(tmp_path / "b", keys, durs)
-    plan1, keys1 = make_plan(a, {"num_shards": 6})
-    plan2, keys2 = make_plan(a, {"num_shards": 6})
-    plan3, keys3 = make_plan(b, {"num_shards": 6})
+    plan1, keys1, _ = make_plan(a, {"num_shards": 6})
+    plan2, keys2, _ = make_plan(a, {"num_shards": 6})
+    plan3, keys3, _ = make_plan(b, {"num_shards": 6})
     assert keys1 == keys2 == keys3
     assert plan1["shards"] == plan2["shards"] == plan3["shards"]
     assert plan1 == plan2
@@ -174,7 +191,7 @@ def test_jsonl_dataset_with_key_field_and_durations(tmp_path):
     path = tmp_path / "set.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records) + "\n")  # a trailing blank line is allowed
     spec = {"path": str(path), "format": "jsonl", "key_field": "id", "duration_field": "dur"}
-    plan, keys = make_plan(spec, {"num_shards": 2})
+    plan, keys, _ = make_plan(spec, {"num_shards": 2})
     assert keys == [["rec-0"], [f"rec-{i}" for i in range(1, 9)]]
     assert plan["num_items"] == 9 and plan["total_seconds"] == 16
     assert [(s["items"], s["seconds"]) for s in plan["shards"]] == [(1, 8), (8, 8)]
@@ -230,7 +247,7 @@ def test_ensure_plan_second_call_rewrites_nothing(tmp_path):
     first = ensure_plan(set_dir, spec, {"num_shards": 4})
     age_files(set_dir)
     before = mtimes(set_dir)
-    assert len(before) == 5  # plan.json + 4 keys files
+    assert len(before) == 6  # plan.json, audio_files.json + 4 keys files
     second = ensure_plan(set_dir, spec, {"num_shards": 4})
     assert second == first
     assert mtimes(set_dir) == before

@@ -30,6 +30,17 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, fsync: bool = True)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if fsync:
+        fsync_dir(path.parent)
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename in ``path`` durable (the new directory entry survives a power loss)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def current_umask() -> int:

@@ -38,7 +38,7 @@ def cmd_plan(args) -> int:
         if args.stage and stage != args.stage:
             continue
         spec = run_spec(config, stage, ds)
-        plan, _ = make_plan(spec["dataset"], config["stages"][stage]["sharding"])  # in memory: writes nothing
+        plan, _, _ = make_plan(spec["dataset"], config["stages"][stage]["sharding"])  # in memory: writes nothing
         print(format_plan_table(plan, f"stage {stage}, dataset {ds}:"))
     return 0
 
@@ -69,9 +69,6 @@ def _run_canary(args, spec: dict) -> int:
     except SnakeshardError as e:
         raise type(e)(f"canary of stage {spec['stage']!r} failed, so none of its shard jobs was started; "
                       f"fix the stage, then rerun: {e}") from e.__cause__
-    except Exception as e:  # the provider's own code failed while building the env
-        raise SnakeshardError(f"canary of stage {spec['stage']!r} failed while building the provider's env, "
-                              f"so none of its shard jobs was started: {type(e).__name__}: {e}") from e
     for old in shard_dir.parent.iterdir():  # canaries of earlier stage fingerprints
         if old != shard_dir and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
@@ -80,56 +77,101 @@ def _run_canary(args, spec: dict) -> int:
 
 def _run_shard(args, spec: dict) -> int:
     from snakeshard.devices import job_devices
+    from snakeshard.errors import ShardError
     from snakeshard.shard import run_shard_dir
     from snakeshard.workflow import import_object
 
     where = f"stages.{spec['stage']}"
+    shard = f"shard {args.shard}" + (f" (log: {args.log})" if args.log else "")
     runner_cls = import_object(spec["runner"], f"{where}.runner")
     provider_cls = import_object(spec["provider"], f"{where}.provider")
     devices = job_devices(spec.get("gpus", 0), spec["stage"])  # fail at job start, before loading anything
-    provider = provider_cls({**spec["provider_config"], "dataset": spec["dataset"], "devices": devices})
-    env = provider.build_worker_setup_fn()()  # once per job
+    try:
+        provider = provider_cls({**spec["provider_config"], "dataset": spec["dataset"], "devices": devices})
+        env = provider.build_worker_setup_fn()()  # once per job
+    except SnakeshardError as e:
+        raise ShardError(f"{shard}: building the env failed: {e}") from e.__cause__
+    except Exception as e:  # the provider's own code: its traceback goes to the log
+        raise ShardError(f"{shard}: the provider {spec['provider']} failed to build the env: "
+                         f"{type(e).__name__}: {e}") from e
     done = run_shard_dir(runner_cls, env, args.shard_dir, shard_id=args.shard, fingerprint=args.fingerprint,
-                         log_path=args.log, batch_size=spec.get("batch_size"), progress=True)
+                         log_path=args.log, batch_size=spec.get("batch_size"), progress=True,
+                         inputs=_shard_inputs(Path(args.shard_dir), args.shard, args.fingerprint),
+                         allow_nonfinite=spec.get("allow_nonfinite") or ())
     print(f"shard {args.shard}: {done['items']} items in {done['end'] - done['start']:.2f} s", file=sys.stderr)
     return 0
 
 
+def _shard_inputs(shard_dir: Path, shard, fingerprint: str) -> dict | None:
+    """What the shard's fingerprint was made of (keys, records, audio digests), recorded in its done so that
+    `snakeshard status` can say what changed since; None for the canary or an out-of-step fingerprints file."""
+    from snakeshard.workflow import read_fingerprints
+
+    if shard == CANARY:
+        return None
+    record = read_fingerprints(shard_dir.parent)
+    if record is None or shard >= len(record["shards"]):
+        return None
+    entry = record["shards"][shard]
+    if entry.get("fingerprint") != fingerprint:
+        return None
+    return {"stage": record["stage"], **{k: entry[k] for k in ("keys", "records", "audio")}}
+
+
 def cmd_merge(args) -> int:
+    from snakeshard.errors import MergeError
     from snakeshard.merge import merge_set
-    from snakeshard.workflow import import_object
+    from snakeshard.workflow import import_object, read_fingerprints
 
     spec = json.loads(Path(args.spec).read_text())
     plan = json.loads((Path(args.set_dir) / "plan.json").read_text())
+    fingerprints = read_fingerprints(args.set_dir)
+    if fingerprints is None or fingerprints["inputs"] != args.inputs:
+        # Another parse (another config, or data changed since this run's DAG was built) rewrote the plan.
+        raise MergeError(f"refusing to merge {args.set_dir}: its plan changed while this run was going "
+                         "(another snakemake or snakeshard run with other data or config?); run snakemake again")
     runner_cls = import_object(spec["runner"], f"stages.{spec['stage']}.runner")
-    record = merge_set(Path(args.set_dir), plan, args.stage_fingerprint, runner_cls)
+    record = merge_set(Path(args.set_dir), plan, fingerprints, runner_cls)
     print(f"merged {record['shards']} shards, {record['items']} items into {args.set_dir}: {', '.join(record['files'])}")
     return 0
 
 
-def merged_state(set_dir: Path, plan: dict, stage_fp: str) -> str:
-    """yes (current) / stale (made from another plan or fingerprint) / no."""
-    try:
-        record = json.loads((set_dir / "merged.json").read_text())
-    except FileNotFoundError:
+def merged_state(set_dir: Path, inputs: str) -> str:
+    """yes (made from the current plan's inputs) / stale (from other inputs) / no."""
+    from snakeshard.merge import merged_record
+
+    record = merged_record(set_dir)
+    if record is None:
         return "no"
-    if record.get("fingerprint") == stage_fp and record.get("items") == plan["num_items"]:
-        return "yes"
-    return "stale"
+    return "yes" if record.get("inputs") == inputs else "stale"
 
 
-def shard_state(shard_dir: Path, log: Path, expected_fp: str) -> tuple[str, str]:
-    """(state, detail): done, stale, failed (with log tail), incomplete (started, no result), pending."""
-    from snakeshard.merge import read_done
+# What a stale shard's done differs in, in the words status uses.
+STALE_CAUSES = {"keys": "its keys", "records": "its keys' records (wav.scp, segments, text, utt2spk or jsonl)",
+                "audio": "its audio files (size or mtime)", "stage": "the stage's config, model files or code"}
 
-    done = read_done(shard_dir)
+
+def shard_state(shard_dir: Path, log: Path, expected: dict) -> tuple[str, str]:
+    """(state, detail): done, stale (with what changed), unreadable, failed (with log tail),
+    incomplete (started, no result), pending. ``expected``: the shard's entry in the current fingerprints."""
+    from snakeshard.merge import UnreadableDone, read_done
+
+    try:
+        done = read_done(shard_dir)
+    except UnreadableDone as e:
+        return "unreadable", str(e)
     if done is not None:
-        return ("done", "") if done.get("fingerprint") == expected_fp else ("stale", "done with another fingerprint")
+        if done.get("fingerprint") == expected["fingerprint"]:
+            return "done", ""
+        had = done.get("inputs") or {}
+        changed = [what for part, what in STALE_CAUSES.items() if part in had and had[part] != expected[part]]
+        return "stale", "changed since it ran: " + (", ".join(changed) if changed else "its inputs, config or code")
     tail = log.read_text(errors="replace").splitlines()[-5:] if log.is_file() else []
     if any(line.startswith(ERROR_PREFIX) for line in tail) or any("Error" in line for line in tail[-1:]):
         return "failed", "\n".join("      | " + line for line in tail)
     if (shard_dir / ".attempt").exists():
-        return "incomplete", "started, no done: running now, or killed"
+        return "incomplete", ("started, no done: running now, or killed (if its log has no error, the "
+                              "cause may be in snakemake's own output)")
     return "pending", ""
 
 
@@ -138,12 +180,12 @@ def cmd_status(args) -> int:
     counts: dict[str, int] = {}
     for (stage, ds), plan in wf.plans.items():
         base = Path(wf.out) / stage / ds
-        merged = merged_state(base, plan, wf.stage_fps[stage, ds])
+        merged = merged_state(base, wf.inputs[stage, ds])
         print(f"stage {stage}, dataset {ds}: {plan['num_shards']} shards")
-        for shard, fp in zip(plan["shards"], wf.shard_fps[stage, ds]):
+        for shard, expected in zip(plan["shards"], wf.shard_inputs[stage, ds]):
             n = shard["shard"]
             shard_dir, log = base / f"split.{n}", base / "logs" / f"split.{n}.log"
-            state, detail = shard_state(shard_dir, log, fp)
+            state, detail = shard_state(shard_dir, log, {**expected, "stage": wf.stage_fps[stage, ds]})
             if state in ("pending", "incomplete") and merged == "yes":
                 # Snakemake does not rerun a removed intermediate under an up-to-date merge.
                 state, detail = "removed", f"done deleted after the merge; `snakemake {shard_dir}/done` redoes it"
@@ -154,7 +196,8 @@ def cmd_status(args) -> int:
         print("  merged: " + {
             "yes": "yes, current" + (" (the merged output does not need the removed shards' done files)"
                                      if counts.get("removed") else ""),
-            "stale": "stale (made from another plan or fingerprint; the next snakemake run redoes it)",
+            "stale": "stale (made from other data, config or code than the current plan; snakeshard refuses to "
+                     "read it, the next successful snakemake run replaces it)",
             "no": "no",
         }[merged])
     print("summary: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
@@ -162,8 +205,14 @@ def cmd_status(args) -> int:
 
 
 def cmd_wer(args) -> int:
+    from snakeshard.merge import merged_record, require_current
     from snakeshard.wer import format_wer, word_error_rate
+    from snakeshard.workflow import read_fingerprints
 
+    set_dir = Path(args.hyp).parent
+    fingerprints = read_fingerprints(set_dir)
+    if fingerprints is not None and merged_record(set_dir) is not None:  # a snakeshard merged output
+        require_current(set_dir, fingerprints["inputs"])
     result = word_error_rate(args.ref, args.hyp)
     text = format_wer(result, args.hyp, args.ref)
     print(text)
@@ -218,7 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("merge", help="validate and merge all shards of a stage/dataset (called by the merge rule)")
     sp.add_argument("--spec", required=True, help="stage run spec: a JSON file")
     sp.add_argument("--set-dir", required=True)
-    sp.add_argument("--stage-fingerprint", required=True)
+    sp.add_argument("--inputs", required=True, help="digest of the shard fingerprints the run's DAG was built with")
+    sp.add_argument("--log", help="the merge's log file")
     sp.set_defaults(func=cmd_merge)
 
     sp = sub.add_parser("status", help="list each shard as done, failed (with its log tail), incomplete or pending")
@@ -239,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     args = build_parser().parse_args(argv)
+    # A job (run-shard, merge) writes its own log, keeping a handle on the stderr it was started
+    # with: Snakemake's own output, where its error line is echoed (a full disk can swallow the log).
+    console = _log_to(args.log) if getattr(args, "log", None) else None
     try:
         status = args.func(args)
         sys.stdout.flush()  # a closed pipe shows up here, inside the handler below, not at exit
@@ -248,7 +301,43 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + 13
     except SnakeshardError as e:
-        if e.__cause__ is not None:  # the user's own exception: its traceback belongs in the log
-            traceback.print_exception(e.__cause__, file=sys.stderr)
-        print(ERROR_PREFIX + str(e), file=sys.stderr)
+        _report(ERROR_PREFIX + str(e), e.__cause__, console)
         return 1
+    except OSError as e:  # outside the user's code: a full disk, a read-only or vanished directory
+        where = f" ({args.shard_dir})" if getattr(args, "shard_dir", None) else ""
+        what = f"shard {args.shard}{where}" if getattr(args, "shard", None) is not None else args.command
+        _report(f"{ERROR_PREFIX}{what}: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""), e, console)
+        return 1
+
+
+def _log_to(path: str) -> int | None:
+    """Point stdout and stderr at the log file ``path``; return a descriptor of the original stderr.
+
+    None, with a warning on stderr, when the log cannot be opened: output then stays on stderr.
+    """
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    except OSError as e:
+        print(f"snakeshard: warning: cannot write the log {path} ({e.strerror}): output goes here", file=sys.stderr)
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    console = os.dup(2)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return console
+
+
+def _report(line: str, cause: BaseException | None, console: int | None) -> None:
+    """The error's traceback (the user's own exception) and its one line to the log; the line also to
+    ``console``, whether or not the log could take it."""
+    try:
+        if cause is not None:
+            traceback.print_exception(cause, file=sys.stderr)
+        print(line, file=sys.stderr, flush=True)
+    except OSError:  # the log's disk is full: the console line below still carries the cause
+        pass
+    if console is not None:
+        os.write(console, (line + "\n").encode("utf-8", "replace"))

@@ -16,6 +16,8 @@ Kept compatible in spirit with ESPnet3's parallel runner:
 from __future__ import annotations
 
 import inspect
+import math
+import os
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Callable
@@ -66,7 +68,14 @@ class InferenceProvider(EnvironmentProvider):
 
 
 class FieldWriters:
-    """Default writers: one Kaldi-style ``key value`` text file per scalar result field."""
+    """Default writers: one Kaldi-style ``key value`` text file per scalar result field.
+
+    A NaN or infinite float fails its item (naming key and field) unless the field is in
+    ``allow_nonfinite`` (the stage's config; the shard loop sets it). ``close`` fsyncs every file,
+    so a ``done`` that survives a power loss never points at fragments that did not.
+    """
+
+    allow_nonfinite: frozenset = frozenset()
 
     def __init__(self, shard_dir: Path):
         self.shard_dir = Path(shard_dir)
@@ -91,6 +100,9 @@ class FieldWriters:
                         f"item {key!r}: field {name!r} is a {type(value).__name__}; the default writer "
                         "takes str/int/float/bool (override write_record for other types)"
                     )
+                if type(value) is float and not math.isfinite(value) and name not in self.allow_nonfinite:
+                    raise ContractError(f"item {key!r}: field {name!r} is {value}; list the field under the "
+                                        "stage's allow_nonfinite if that is a valid result")
                 value = str(value)
             if "\n" in value:
                 raise ContractError(f"item {key!r}: field {name!r} holds a newline, which would break the {name} file")
@@ -109,8 +121,11 @@ class FieldWriters:
             return False
         blocks = []
         for name, values in zip(names, columns):
-            if not set(map(type, values)) <= _PLAIN_TYPES:
+            types = set(map(type, values))
+            if not types <= _PLAIN_TYPES:
                 return False
+            if float in types and name not in self.allow_nonfinite and not all(map(math.isfinite, values)):
+                return False  # a NaN or inf (or a str among floats): the item-by-item path names it
             text = "".join([f"{k} {v}\n" for k, v in zip(keys, values)])
             if text.count("\n") != len(keys):  # a value held a newline
                 return False
@@ -121,6 +136,8 @@ class FieldWriters:
 
     def close(self) -> list[str]:
         for f in self.files.values():
+            f.flush()
+            os.fsync(f.fileno())
             f.close()
         return sorted(self.files)
 

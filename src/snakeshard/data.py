@@ -1,18 +1,20 @@
 """Reading datasets: Kaldi data dirs and JSON Lines manifests.
 
-Planning needs only keys (and, for ``shard_seconds``, durations), so
-``read_items`` is cheap and stdlib-only. ``load_dataset`` gives providers a
-key -> item mapping with audio loading (soundfile, imported lazily).
+Planning needs only keys, durations and what each key stands for (its records),
+so ``read_items`` is cheap and stdlib-only. ``load_dataset`` gives providers a
+key -> item mapping with audio loading (``snakeshard.audio``, soundfile imported lazily).
 
 A dataset spec is a dict: ``{"path": "data/demo", "format": "kaldi"}`` or
 ``{"path": "x.jsonl", "format": "jsonl", "key_field": "id", "audio_field": "audio",
 "duration_field": "duration"}``. Relative paths are relative to the working
-directory (the workflow directory), as in Kaldi and ESPnet recipes.
+directory (the workflow directory), as in Kaldi and ESPnet recipes. The shard
+job's spec adds ``sample_rate`` (the stage's) and ``max_segment_overshoot``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,9 @@ from pathlib import Path
 from snakeshard.errors import DataError
 
 MAX_LISTED = 5  # how many offending keys an error message lists
+# The per-key Kaldi files a stage's forward can see through the dataset (text and utt2spk as fields).
+KALDI_RECORD_FILES = ("wav.scp", "segments", "text", "utt2spk")
+JSONL_RECORD = "jsonl"
 
 
 @dataclass
@@ -31,35 +36,63 @@ class Item:
     audio: str | None = None  # a path, or a Kaldi pipe command ending in "|"
     seconds: float | None = None
     fields: dict = field(default_factory=dict)  # text, spk, start, end, or jsonl fields
+    # What the key stands for, per source file, as written there: the wav.scp value, the segments
+    # line, the text and utt2spk values; for JSON Lines, the record. Shard fingerprints cover these.
+    records: dict = field(default_factory=dict)
+
+
+def read_text_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file, without newlines; a byte that is not UTF-8 names file and line."""
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line_no = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataError(f"{path}:{line_no}: not UTF-8 (byte {raw[e.start:e.start + 1]!r} at column {column}); "
+                        "convert the file, e.g. iconv -f latin1 -t utf-8") from None
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 def _read_kaldi_table(path: Path) -> list[tuple[str, str, int]]:
     """``key value`` lines -> (key, value, line_no); blank lines are an error, not skipped."""
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                raise DataError(f"{path}:{line_no}: empty line (Kaldi tables have one 'key value' per line)")
-            if line[0].isspace():
-                raise DataError(f"{path}:{line_no}: line starts with whitespace, so its key is empty: {line!r}")
-            key, _, value = line.partition(" ")
-            if "\t" in key:  # tab-separated line
-                key, _, rest = key.partition("\t")
-                value = rest + (" " + value if value else "")
-            rows.append((key, value.strip(), line_no))
+    for line_no, line in enumerate(read_text_lines(path), 1):
+        if not line.strip():
+            raise DataError(f"{path}:{line_no}: empty line (Kaldi tables have one 'key value' per line)")
+        if line[0].isspace():
+            raise DataError(f"{path}:{line_no}: line starts with whitespace, so its key is empty: {line!r}")
+        key, _, value = line.partition(" ")
+        if "\t" in key:  # tab-separated line
+            key, _, rest = key.partition("\t")
+            value = rest + (" " + value if value else "")
+        rows.append((key, value.strip(), line_no))
     return rows
 
 
-def _is_pipe(value: str) -> bool:
+def is_pipe(value: str) -> bool:
     return value.endswith("|")
 
 
 def _seconds(value, where: str, what: str) -> float:
+    """A duration or time in seconds: a finite number, else an error naming ``where``."""
     try:
-        return float(value)
+        seconds = float(value)
     except (TypeError, ValueError):
         raise DataError(f"{where}: {what} {value!r} is not a number of seconds") from None
+    if not math.isfinite(seconds):
+        raise DataError(f"{where}: {what} {value!r} is not a finite number of seconds")
+    return seconds
+
+
+def _duration(value, where: str, what: str) -> float:
+    seconds = _seconds(value, where, what)
+    if seconds <= 0:
+        raise DataError(f"{where}: {what} is {value!r}; a duration must be > 0 (an empty recording cannot be processed)")
+    return seconds
 
 
 def _read_kaldi_dir(path: Path) -> list[Item]:
@@ -71,14 +104,14 @@ def _read_kaldi_dir(path: Path) -> list[Item]:
     for key, value, line_no in _read_kaldi_table(wav_scp):
         if not value:
             raise DataError(f"{wav_scp}:{line_no}: key {key!r} has no audio path")
-        if not _is_pipe(value) and len(value.split()) > 1:
+        if not is_pipe(value) and len(value.split()) > 1:
             # Kaldi paths cannot hold whitespace, so extra fields mean the key had some.
             raise DataError(
                 f"{wav_scp}:{line_no}: {key + ' ' + value!r} has more than two fields; "
                 "keys and paths must be free of whitespace"
             )
         wavs[key] = (value, line_no)
-        items.append(Item(key, f"{wav_scp}:{line_no}", audio=value))
+        items.append(Item(key, f"{wav_scp}:{line_no}", audio=value, records={"wav.scp": value}))
 
     segments = path / "segments"
     if segments.is_file():
@@ -92,17 +125,30 @@ def _read_kaldi_dir(path: Path) -> list[Item]:
             rec = parts[0]
             start = _seconds(parts[1], where, f"start of {key!r}")
             end = _seconds(parts[2], where, f"end of {key!r}")
+            if start < 0:
+                raise DataError(f"{where}: segment {key!r} starts at {parts[1]} s, before its recording")
+            if end <= start:
+                raise DataError(f"{where}: segment {key!r} ends at {parts[2]} s, not after its start {parts[1]} s")
             if rec not in wavs:
                 raise DataError(f"{where}: utterance {key!r} names recording {rec!r}, which is not in {wav_scp}")
-            items.append(
-                Item(key, where, audio=wavs[rec][0], seconds=end - start, fields={"rec": rec, "start": start, "end": end})
-            )
+            items.append(Item(key, where, audio=wavs[rec][0], seconds=end - start,
+                              fields={"rec": rec, "start": start, "end": end},
+                              records={"wav.scp": wavs[rec][0], "segments": value}))
 
     utt2dur = path / "utt2dur"
     if utt2dur.is_file() and not segments.is_file():
-        durations = {k: _seconds(v, f"{utt2dur}:{n}", f"duration of {k!r}") for k, v, n in _read_kaldi_table(utt2dur)}
+        durations = {k: _duration(v, f"{utt2dur}:{n}", f"duration of {k!r}") for k, v, n in _read_kaldi_table(utt2dur)}
         for item in items:
             item.seconds = durations.get(item.key)
+
+    by_key = {item.key: item for item in items}
+    for name, attr in (("text", "text"), ("utt2spk", "spk")):
+        if (path / name).is_file():
+            for key, value, _ in _read_kaldi_table(path / name):
+                item = by_key.get(key)
+                if item is not None:
+                    item.fields[attr] = value
+                    item.records[name] = value
     return items
 
 
@@ -111,28 +157,30 @@ def _read_jsonl(path: Path, spec: dict) -> list[Item]:
     audio_field = spec.get("audio_field", "audio")
     duration_field = spec.get("duration_field", "duration")
     items = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict) or key_field not in record:
-                raise DataError(f"{where}: record has no key field {key_field!r}")
-            key = record[key_field]
-            if not isinstance(key, str):
-                raise DataError(f"{where}: key field {key_field!r} must be a string, got {key!r}")
-            seconds = record.get(duration_field)
-            audio = record.get(audio_field)
-            if audio is not None and not isinstance(audio, str):
-                raise DataError(f"{where}: audio field {audio_field!r} must be a path string, got {audio!r}")
-            items.append(
-                Item(key, where, audio=audio, fields=record,
-                     seconds=_seconds(seconds, where, f"{duration_field!r} of {key!r}") if seconds is not None else None)
-            )
+    for line_no, line in enumerate(read_text_lines(path), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{line_no}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: not valid JSON ({e.msg})") from None
+        if not isinstance(record, dict) or key_field not in record:
+            raise DataError(f"{where}: record has no key field {key_field!r}")
+        key = record[key_field]
+        if not isinstance(key, str):
+            raise DataError(f"{where}: key field {key_field!r} must be a string, got {key!r}")
+        seconds = record.get(duration_field)
+        audio = record.get(audio_field)
+        if audio is not None and not isinstance(audio, str):
+            raise DataError(f"{where}: audio field {audio_field!r} must be a path string, got {audio!r}")
+        items.append(
+            Item(key, where, audio=audio, fields=record,
+                 seconds=_duration(seconds, where, f"{duration_field!r} of {key!r}") if seconds is not None else None,
+                 # the record as written: reformatting the manifest reruns its shards, a cheap price
+                 # for not re-serialising 100,000 records at every plan
+                 records={JSONL_RECORD: line.strip()})
+        )
     return items
 
 
@@ -174,29 +222,25 @@ def validate_keys(items: list[Item], name: str) -> None:
 
 def check_audio_exists(items: list[Item]) -> None:
     """Fail before any job runs if a plain audio path is missing (pipes are not checked)."""
-    missing = [i for i in items if i.audio and not _is_pipe(i.audio) and not os.path.exists(i.audio)]
+    missing = [i for i in items if i.audio and not is_pipe(i.audio) and not os.path.exists(i.audio)]
     if missing:
         listed = ", ".join(f"key {i.key!r}: {i.audio} ({i.source})" for i in missing[:MAX_LISTED])
         raise DataError(f"{len(missing)} audio file(s) not found: {listed}")
 
 
 def fill_durations(items: list[Item]) -> None:
-    """Read durations from audio headers (soundfile) for items that have none yet."""
-    todo = [i for i in items if i.seconds is None]
-    if not todo:
-        return
-    import soundfile  # lazy: only shard_seconds planning needs it
+    """Read durations from audio headers for items that have none yet (a truncated or empty file is an error)."""
+    from snakeshard.audio import audio_duration
 
-    for item in todo:
-        if not item.audio or _is_pipe(item.audio):
+    for item in items:
+        if item.seconds is not None:
+            continue
+        if not item.audio or is_pipe(item.audio):
             raise DataError(
                 f"key {item.key!r} ({item.source}): cannot read a duration from {item.audio!r}; "
-                "give durations (utt2dur, segments, or a jsonl duration field) or shard by count"
+                "give durations (utt2dur, segments, or a jsonl duration field) or shard by count (shard_size)"
             )
-        try:
-            item.seconds = soundfile.info(item.audio).duration
-        except Exception as e:  # soundfile raises several types for unreadable headers
-            raise DataError(f"key {item.key!r} ({item.source}): cannot read audio header of {item.audio}: {e}") from None
+        item.seconds = audio_duration(item.audio, f"key {item.key!r} ({item.source})")
 
 
 class KaldiDataset:
@@ -211,13 +255,6 @@ class KaldiDataset:
         items = read_items(spec)
         self._items = {i.key: i for i in items}
         self.keys = [i.key for i in items]
-        if spec.get("format", "kaldi") == "kaldi":
-            base = Path(spec["path"])
-            for name, attr in (("text", "text"), ("utt2spk", "spk")):
-                if (base / name).is_file():
-                    for key, value, _ in _read_kaldi_table(base / name):
-                        if key in self._items:
-                            self._items[key].fields[attr] = value
 
     def __len__(self) -> int:
         return len(self._items)
@@ -230,26 +267,19 @@ class KaldiDataset:
         return {"key": item.key, "audio": item.audio, **item.fields}
 
     def load_audio(self, key: str, dtype: str = "float32"):
-        """(samples, sample_rate) of one item; segments are cut; Kaldi pipes are run."""
-        import io
-        import subprocess
+        """(samples, sample_rate) of one item; segments are cut; Kaldi pipes are run.
 
-        import soundfile
+        Refused, naming key, file and line: a truncated or empty file, a rate other than the
+        stage's ``sample_rate``, a segment past the end of its recording (beyond the dataset's
+        ``max_segment_overshoot`` seconds, which are cut off as Kaldi's extract-segments does).
+        """
+        from snakeshard.audio import read_item_audio
 
         item = self._items[key]
         if item.audio is None:
             raise DataError(f"key {key!r} ({item.source}) has no audio")
-        if _is_pipe(item.audio):
-            data = subprocess.run(item.audio[:-1], shell=True, check=True, capture_output=True).stdout
-            samples, rate = soundfile.read(io.BytesIO(data), dtype=dtype)
-        else:
-            try:
-                samples, rate = soundfile.read(item.audio, dtype=dtype)
-            except Exception as e:
-                raise DataError(f"key {key!r} ({item.source}): cannot read audio {item.audio}: {e}") from None
-        if "start" in item.fields:
-            samples = samples[int(item.fields["start"] * rate): int(item.fields["end"] * rate)]
-        return samples, rate
+        return read_item_audio(item, dtype=dtype, sample_rate=self.spec.get("sample_rate"),
+                               max_overshoot=float(self.spec.get("max_segment_overshoot", 0.0)))
 
 
 def load_dataset(spec: dict) -> KaldiDataset:

@@ -1,13 +1,18 @@
 """Fingerprints: what a shard's result depends on, as a short hex digest.
 
-A stage fingerprint covers the runner and provider import paths, the provider
-config (less the keys the stage lists in ``fingerprint_ignore``: options such as
-worker counts or fault injection that do not change results), batch size, the
-dataset spec, snakeshard's version and the identity
-(path, size, mtime) of every model file named in the provider config. A shard's
-fingerprint adds the digest of its keys. The Snakefile passes it as a rule
-``param``, so a change reruns the shard; merge refuses a shard whose ``done``
-records another one.
+A stage fingerprint covers the runner and provider import paths and the source of
+the modules that define them (parsed, so comments and formatting do not count),
+the provider config (less the keys the stage lists in ``fingerprint_ignore``:
+options such as worker counts or fault injection that do not change results),
+batch size, the dataset spec, snakeshard's version and the identity (path, size,
+mtime) of every model file named in the provider config.
+
+A shard's fingerprint adds its inputs: the digest of its keys, of what each key
+stands for (its wav.scp value or pipe, segment times, text, utt2spk, or JSON Lines
+record) and of the identity (size, mtime) of every audio file it reads. The
+Snakefile passes it as a rule ``param``, so any change reruns exactly the shards
+it touches; merge refuses a shard whose ``done`` records another one. A stage's
+``fingerprint:`` config may leave out record files, audio identity or the code.
 """
 
 from __future__ import annotations
@@ -59,8 +64,9 @@ def file_identity(path: str) -> list:
     return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
 
 
-def stage_fingerprint(spec: dict, version: str) -> str:
-    """Fingerprint of everything but the keys; ``spec`` is the stage's run spec (see workflow.py)."""
+def stage_fingerprint(spec: dict, version: str, code: dict | None = None) -> str:
+    """Fingerprint of everything but the shard's inputs; ``spec`` is the stage's run spec (see
+    workflow.py), ``code`` the digests of the runner's and provider's source (None: left out)."""
     ignored = set(spec.get("fingerprint_ignore", []))
     provider_config = {k: v for k, v in spec.get("provider_config", {}).items() if k not in ignored}
     payload = {
@@ -69,11 +75,39 @@ def stage_fingerprint(spec: dict, version: str) -> str:
         "provider_config": provider_config,
         "batch_size": spec.get("batch_size", 1),
         "dataset": spec.get("dataset"),
+        "allow_nonfinite": spec.get("allow_nonfinite") or [],
         "snakeshard": version,
         "model_files": [file_identity(p) for p in model_files_in(provider_config)],
     }
+    if code is not None:
+        payload["code"] = code
     return digest(json.dumps(payload, sort_keys=True, default=str))
 
 
-def shard_fingerprint(stage_fp: str, shard_keys_digest: str) -> str:
-    return digest(f"{stage_fp}:{shard_keys_digest}")
+def records_digest(records: dict[str, str], selected) -> str:
+    """One digest over a shard's per-file record digests (see plan.records_digests), for the ``selected`` files."""
+    return digest(json.dumps({name: d for name, d in records.items() if name in selected}, sort_keys=True))
+
+
+def audio_identity(paths: list[str], stat_cache: dict) -> str:
+    """Digest of (path, size, mtime) of each audio file: new content written in place changes it.
+
+    ``stat_cache`` shares stats between stages over the same data within one parse.
+    """
+    parts = []
+    for path in paths:
+        ident = stat_cache.get(path)
+        if ident is None:
+            st = os.stat(path)
+            ident = stat_cache[path] = f"{path}\t{st.st_size}\t{st.st_mtime_ns}\n"
+        parts.append(ident)
+    return digest("".join(parts))
+
+
+def shard_fingerprint(stage_fp: str, shard_keys_digest: str, shard_records: str = "", shard_audio: str = "") -> str:
+    return digest(f"{stage_fp}:{shard_keys_digest}:{shard_records}:{shard_audio}")
+
+
+def inputs_digest(shard_fps: list[str]) -> str:
+    """What a merged output is made from: every shard's fingerprint, in plan order."""
+    return digest(":".join(shard_fps))

@@ -9,6 +9,10 @@ the sharding config, so it is deterministic.
 ``ensure_plan`` runs while Snakemake parses the Snakefile (the shard count must
 be known to build the DAG). It caches ``plan.json`` keyed by a signature of the
 dataset files and the sharding config, so parsing stays cheap after the first time.
+Beside the keys, a plan records per shard a digest of what its keys stand for
+(``records``: their wav.scp, segments, text, utt2spk lines or JSON records) and,
+in ``audio_files.json``, the audio files they read, whose identity is checked at
+every parse (see fingerprint.py).
 """
 
 from __future__ import annotations
@@ -19,11 +23,11 @@ import os
 from pathlib import Path
 
 from snakeshard.atomic import atomic_write_json, write_if_changed
-from snakeshard.data import Item, check_audio_exists, fill_durations, read_items
+from snakeshard.data import Item, check_audio_exists, fill_durations, is_pipe, read_items
 from snakeshard.errors import ConfigError
-from snakeshard.fingerprint import keys_digest, keys_text
+from snakeshard.fingerprint import digest, keys_digest, keys_text
 
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2  # 2: per-shard record digests and audio_files.json
 DATASET_FILES = ("wav.scp", "segments", "utt2dur", "text", "utt2spk")
 
 
@@ -82,6 +86,10 @@ def plan_shards(items: list[Item], sharding: dict) -> list[list[Item]]:
         fill_durations(items)
         starts = split_by_budget([i.seconds for i in items], float(sharding["shard_seconds"]))
     else:
+        # Some durations known, some not: read the missing ones from the audio headers rather than
+        # silently cutting the whole plan by item counts (which moves every shard boundary).
+        if any(i.seconds is not None for i in items):
+            fill_durations(items)
         known = all(i.seconds is not None for i in items)
         costs = [i.seconds if known else 1.0 for i in items]
         starts = split_contiguous(costs, int(sharding["num_shards"]))
@@ -104,8 +112,22 @@ def input_signature(dataset: dict, sharding: dict) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
-def make_plan(dataset: dict, sharding: dict) -> tuple[dict, list[list[str]]]:
-    """Read and validate the dataset, plan its shards: (plan record, keys of each shard)."""
+def records_digests(shard: list[Item]) -> dict[str, str]:
+    """Per source file (wav.scp, segments, text, utt2spk, jsonl), a digest of the shard's keys' lines in it."""
+    lines: dict[str, list[str]] = {}
+    for item in shard:
+        for name, value in item.records.items():
+            lines.setdefault(name, []).append(f"{item.key}\t{value}\n")
+    return {name: digest("".join(text)) for name, text in sorted(lines.items())}
+
+
+def audio_files(shard: list[Item]) -> list[str]:
+    """The plain audio files a shard reads, each once, in order (pipes are covered by their command text)."""
+    return list(dict.fromkeys(i.audio for i in shard if i.audio and not is_pipe(i.audio)))
+
+
+def make_plan(dataset: dict, sharding: dict) -> tuple[dict, list[list[str]], list[list[str]]]:
+    """Read and validate the dataset, plan its shards: (plan record, keys of each shard, audio files of each)."""
     items = read_items(dataset)
     check_audio_exists(items)
     shards = plan_shards(items, sharding)
@@ -120,6 +142,7 @@ def make_plan(dataset: dict, sharding: dict) -> tuple[dict, list[list[str]]]:
             "items": len(keys),
             "seconds": round(sum(i.seconds for i in shard), 3) if known else None,
             "keys_digest": keys_digest(keys),
+            "records": records_digests(shard),
             "first_key": keys[0],
             "last_key": keys[-1],
         })
@@ -133,7 +156,7 @@ def make_plan(dataset: dict, sharding: dict) -> tuple[dict, list[list[str]]]:
         "num_shards": len(shards),
         "shards": records,
     }
-    return plan, shard_keys
+    return plan, shard_keys, [audio_files(shard) for shard in shards]
 
 
 def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> dict:
@@ -149,16 +172,25 @@ def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> di
         # os.path on strings, not Path objects: this runs at every parse, 10,000 checks at 10,000 shards
         if plan.get("signature") == input_signature(dataset, sharding) and all(
             os.path.isfile(f"{set_dir}/split.{n}/keys") for n in range(plan["num_shards"])
-        ):
+        ) and os.path.isfile(set_dir / AUDIO_FILES):
             return plan
     except (FileNotFoundError, json.JSONDecodeError, KeyError):
         pass
-    plan, shard_keys = make_plan(dataset, sharding)
+    plan, shard_keys, shard_audio = make_plan(dataset, sharding)
     set_dir.mkdir(parents=True, exist_ok=True)
     for n, keys in enumerate(shard_keys):
         write_if_changed(set_dir / f"split.{n}" / "keys", keys_text(keys))
-    atomic_write_json(plan_path, plan)
+    atomic_write_json(set_dir / AUDIO_FILES, shard_audio, fsync=False)
+    atomic_write_json(plan_path, plan)  # last: a plan.json on disk means its other files are written
     return plan
+
+
+AUDIO_FILES = "audio_files.json"
+
+
+def read_audio_files(set_dir: str | os.PathLike) -> list[list[str]]:
+    """Per shard, the audio files the plan in ``set_dir`` reads (written beside plan.json)."""
+    return json.loads(Path(set_dir, AUDIO_FILES).read_text())
 
 
 def read_keys_file(shard_dir: str | os.PathLike) -> tuple[list[str], bytes]:

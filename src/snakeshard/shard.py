@@ -22,7 +22,7 @@ from pathlib import Path
 
 from snakeshard import __version__
 from snakeshard.atomic import atomic_write_json
-from snakeshard.contract import injected_kwargs, overrides
+from snakeshard.contract import FieldWriters, injected_kwargs, overrides
 from snakeshard.errors import ShardError, SnakeshardError
 from snakeshard.fingerprint import digest_bytes
 from snakeshard.fingerprint import keys_digest as digest_keys
@@ -76,11 +76,14 @@ def run_shard_dir(runner_cls, env: dict, shard_dir, **options):
 
 def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: int = 0,
               fingerprint: str | None = None, log_path: str | None = None,
-              batch_size: int | None = None, progress: bool = True, keys_digest: str | None = None):
+              batch_size: int | None = None, progress: bool = True, keys_digest: str | None = None,
+              inputs: dict | None = None, allow_nonfinite=()):
     """Run ``runner_cls`` over ``keys``; write fragments and ``done`` into ``shard_dir``.
 
     With ``shard_dir=None`` nothing is written and the list of results is returned.
-    Otherwise returns the ``done`` record.
+    Otherwise returns the ``done`` record. ``inputs`` (what ``fingerprint`` was made of) is
+    recorded in ``done`` so status can say what changed; ``allow_nonfinite`` names result
+    fields the default writers accept NaN/inf in.
     """
     where = f"shard {shard_id}" + (f" (log: {log_path})" if log_path else "")
     kwargs = injected_kwargs(runner_cls, env)
@@ -93,6 +96,8 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
 
     state = runner_cls.init_state(**env)
     writers = None if collect else runner_cls.open_writers(shard_dir, **env)
+    if isinstance(writers, FieldWriters):
+        writers.allow_nonfinite = frozenset(allow_nonfinite)
     reduce_state = runner_cls.reduce_state if overrides(runner_cls, "reduce_state") else None
     custom_write = overrides(runner_cls, "write_record")
     # The bulk path: default writers, nothing else to call per item.
@@ -161,20 +166,28 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
             what = f"batch {current[0]!r}..{current[-1]!r} ({len(current)} keys)"
         else:
             what = f"item {current!r}"
-        raise ShardError(f"{where}: {what} failed: {type(e).__name__}: {e}") from e
+        # a write that failed (disk full) names no file: say where this shard writes
+        place = f" (shard dir {shard_dir})" if isinstance(e, OSError) and not e.filename and not collect else ""
+        raise ShardError(f"{where}: {what} failed: {type(e).__name__}: {e}{place}") from e
     finally:
         if bar is not None:
             bar.close()
 
     if collect:  # nothing is written in-process without an output dir, finalize_state included
         return results
-    fragments = runner_cls.close_writers(writers, state, **env) or []
-    runner_cls.finalize_state(state, shard_dir, **env)
+    try:
+        fragments = runner_cls.close_writers(writers, state, **env) or []
+        runner_cls.finalize_state(state, shard_dir, **env)
+    except SnakeshardError as e:
+        raise ShardError(f"{where}: {e}") from None
+    except OSError as e:
+        raise ShardError(f"{where}: writing its results failed: {e.strerror}: {e.filename or shard_dir}") from e
     done = {
         "shard": shard_id,
         "items": len(keys),
         "keys_digest": keys_digest or digest_keys(keys),
         "fingerprint": fingerprint,
+        "inputs": inputs,
         "fragments": list(fragments),
         "start": round(started, 3),
         "end": round(time.time(), 3),
@@ -183,5 +196,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
     }
     if (shard_dir / ATTEMPT_FILE).read_text() != token:
         raise ShardError(f"{where}: another attempt took over {shard_dir} while this one ran; not writing done")
-    atomic_write_json(shard_dir / "done", done, fsync=False)
+    # Durable before it exists: fragments were fsynced by close_writers, done is fsynced before its
+    # rename and the directory after it, so after a power loss done is either absent or complete.
+    atomic_write_json(shard_dir / "done", done, fsync=True)
     return done

@@ -14,8 +14,11 @@ from pathlib import Path
 from snakeshard import __version__
 from snakeshard.atomic import write_if_changed
 from snakeshard.errors import ConfigError
-from snakeshard.fingerprint import keys_text, shard_fingerprint, stage_fingerprint
-from snakeshard.plan import ensure_plan, read_shard_keys
+from snakeshard.data import JSONL_RECORD, KALDI_RECORD_FILES
+from snakeshard.errors import DataError
+from snakeshard.fingerprint import (audio_identity, digest, inputs_digest, keys_text, records_digest,
+                                    shard_fingerprint, stage_fingerprint)
+from snakeshard.plan import ensure_plan, read_audio_files, read_shard_keys
 
 # The canary's shard dir, beside the stage's dataset dirs (dataset names cannot start with "_").
 CANARY_DIR = "_canary"
@@ -23,6 +26,9 @@ DEFAULT_RESOURCES = {"mem_mb": 2000, "runtime": 60, "cpus_per_task": 1}
 # Resources handed to the executor as they are (snakemake-executor-plugin-slurm names); unset ones are omitted.
 SLURM_PASSTHROUGH = ("slurm_partition", "slurm_account", "constraint", "slurm_extra", "gpu", "gres")
 MAX_LISTED = 5
+# What a shard's fingerprint covers unless the stage's `fingerprint:` config says otherwise.
+FINGERPRINT_DEFAULTS = {"records": [*KALDI_RECORD_FILES, JSONL_RECORD], "audio": "stat", "code": True}
+FINGERPRINTS_FILE = "fingerprints.json"  # beside plan.json: what the merge and readers of merged output check
 
 
 def load_config(path: str | os.PathLike) -> dict:
@@ -131,10 +137,30 @@ def _locate(path: str, where: str) -> tuple[str, str, str | None]:
     return module, attr, origin
 
 
+_PARSED: dict[tuple[str, int, int], object] = {}
+
+
 def _parse(source_path: str):
+    """The module's syntax tree, parsed once per parse of the Snakefile (keyed by the file's identity)."""
     import ast
 
-    return ast.parse(Path(source_path).read_bytes(), filename=source_path)
+    st = os.stat(source_path)
+    key = (source_path, st.st_size, st.st_mtime_ns)
+    if key not in _PARSED:
+        _PARSED[key] = ast.parse(Path(source_path).read_bytes(), filename=source_path)
+    return _PARSED[key]
+
+
+def source_digest(path: str, where: str) -> str | None:
+    """Digest of the module that defines ``path`` (a ``module.Class``), found and parsed without importing it.
+
+    The syntax tree, not the bytes: editing a comment or reformatting reruns nothing, editing code
+    does. Only that module's own file counts, not the modules it imports. None without Python source.
+    """
+    import ast
+
+    origin = _locate(path, where)[2]
+    return digest(ast.dump(_parse(origin))) if origin else None
 
 
 def _top_level_names(tree) -> set[str] | _AnyName:
@@ -194,17 +220,23 @@ def set_dir(config: dict, stage: str, dataset: str) -> str:
 
 
 def run_spec(config: dict, stage: str, dataset: str) -> dict:
-    """What one shard job needs to run: passed to it as JSON on its command line."""
+    """What one shard job needs to run: passed to it as JSON on its command line.
+
+    The dataset spec carries the stage's ``sample_rate``, so ``load_audio`` refuses other rates.
+    """
     s = config["stages"][stage]
+    rate = {"sample_rate": s["sample_rate"]} if s.get("sample_rate") else {}
     return {
         "stage": stage,
         "runner": s["runner"],
         "provider": s["provider"],
         "provider_config": s.get("provider_config") or {},
         "fingerprint_ignore": s.get("fingerprint_ignore") or [],
+        "fingerprint": {**FINGERPRINT_DEFAULTS, **(s.get("fingerprint") or {})},
+        "allow_nonfinite": s.get("allow_nonfinite") or [],
         "batch_size": s.get("batch_size"),
         "gpus": requested_gpus(s.get("resources") or {}),
-        "dataset": {"name": dataset, **config["datasets"][dataset]},
+        "dataset": {"name": dataset, **config["datasets"][dataset], **rate},
     }
 
 
@@ -233,29 +265,84 @@ def requested_gpus(resources: dict) -> int:
     return 0
 
 
-class Workflow:
-    """Per-parse view of a config: plans and fingerprints for every stage/dataset, computed once."""
+def read_fingerprints(set_dir: str | os.PathLike) -> dict | None:
+    """The fingerprints the last parse computed for ``set_dir`` (see ``Workflow``), or None."""
+    try:
+        return json.loads(Path(set_dir, FINGERPRINTS_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
 
-    def __init__(self, config: dict):
+
+class Workflow:
+    """Per-parse view of a config: plans and fingerprints for every stage/dataset, computed once.
+
+    ``reuse_audio_identity``: take each shard's audio identity from the fingerprints the main
+    Snakemake process wrote, instead of stat'ing every audio file again (a SLURM job parses the
+    Snakefile once more, only to run its one shard).
+    """
+
+    def __init__(self, config: dict, *, reuse_audio_identity: bool = False):
         self.config = config
         self.out = output_dir(config)
         self.plans: dict[tuple[str, str], dict] = {}
         self.stage_fps: dict[tuple[str, str], str] = {}
         self.shard_fps: dict[tuple[str, str], list[str]] = {}
+        self.shard_inputs: dict[tuple[str, str], list[dict]] = {}
+        self.inputs: dict[tuple[str, str], str] = {}
         self.canaries: dict[str, dict] = {}
+        stat_cache: dict[str, str] = {}
         for stage, ds in stage_sets(config):
+            base = set_dir(config, stage, ds)
             spec = run_spec(config, stage, ds)
-            plan = ensure_plan(set_dir(config, stage, ds), spec["dataset"], config["stages"][stage]["sharding"])
-            fp = stage_fingerprint(spec, __version__)
+            options = spec["fingerprint"]
+            try:
+                plan = ensure_plan(base, spec["dataset"], config["stages"][stage]["sharding"])
+                # Jobs read the spec from this file, not from a rule param: options listed in
+                # fingerprint_ignore may change without rerunning shards, so they must not be params.
+                write_if_changed(Path(base) / "spec.json", json.dumps(spec, indent=1, sort_keys=True) + "\n")
+            except OSError as e:  # a read-only or full output_dir: name the path and the config key
+                raise ConfigError(f"output_dir: cannot write {e.filename or base}: {e.strerror} "
+                                  f"(output_dir is {self.out!r}; stage {stage}, dataset {ds})") from None
+            code = None
+            if options["code"]:
+                code = {role: source_digest(spec[role], f"stages.{stage}.{role}") for role in ("runner", "provider")}
+            fp = stage_fingerprint(spec, __version__, code)
+            audio = self._audio_digests(base, plan, options, stat_cache, reuse_audio_identity)
+            inputs = [{"keys": s["keys_digest"], "records": records_digest(s["records"], options["records"]),
+                       "audio": a} for s, a in zip(plan["shards"], audio)]
+            for entry in inputs:
+                entry["fingerprint"] = shard_fingerprint(fp, entry["keys"], entry["records"], entry["audio"])
             self.plans[stage, ds] = plan
-            # Jobs read the spec from this file, not from a rule param: options listed in
-            # fingerprint_ignore may change without rerunning shards, so they must not be params.
-            spec_text = json.dumps(spec, indent=1, sort_keys=True) + "\n"
-            write_if_changed(Path(set_dir(config, stage, ds)) / "spec.json", spec_text)
             self.stage_fps[stage, ds] = fp
-            self.shard_fps[stage, ds] = [shard_fingerprint(fp, s["keys_digest"]) for s in plan["shards"]]
+            self.shard_inputs[stage, ds] = inputs
+            self.shard_fps[stage, ds] = [entry["fingerprint"] for entry in inputs]
+            self.inputs[stage, ds] = inputs_digest(self.shard_fps[stage, ds])
+            record = {"stage": fp, "inputs": self.inputs[stage, ds], "shards": inputs}
+            try:
+                write_if_changed(Path(base) / FINGERPRINTS_FILE, json.dumps(record, indent=0) + "\n")
+            except OSError as e:
+                raise ConfigError(f"output_dir: cannot write {e.filename or base}: {e.strerror}") from None
         for stage in config["stages"]:
             self.canaries[stage] = self._prepare_canary(stage)
+
+    @staticmethod
+    def _audio_digests(base: str, plan: dict, options: dict, stat_cache: dict, reuse: bool) -> list[str]:
+        """Per shard, the identity digest of its audio files ("" when the stage opts out)."""
+        n = plan["num_shards"]
+        if options["audio"] == "off":
+            return [""] * n
+        if reuse:
+            previous = read_fingerprints(base)
+            if previous and len(previous["shards"]) == n:
+                return [entry["audio"] for entry in previous["shards"]]
+        digests = []
+        for shard, paths in enumerate(read_audio_files(base)):
+            try:
+                digests.append(audio_identity(paths, stat_cache))
+            except FileNotFoundError as e:
+                raise DataError(f"audio file {e.filename} of shard {shard} ({base}/split.{shard}) no longer exists; "
+                                "it is still listed in the dataset") from None
+        return digests
 
     def _prepare_canary(self, stage: str) -> dict:
         """The canary's dir (under the stage fingerprint, see canary.smk) and its keys: the first N of

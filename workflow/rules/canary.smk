@@ -34,4 +34,4 @@ for _stage, _canary in WF.canaries.items():
             **_resources,
         shell:
             '"$SNAKESHARD_PYTHON" -m snakeshard run-shard --shard canary --spec {params.spec}'
-            " --shard-dir {params.shard_dir} --fingerprint {params.fingerprint} --log {log} > {log} 2>&1"
+            " --shard-dir {params.shard_dir} --fingerprint {params.fingerprint} --log {log}"

@@ -13,7 +13,9 @@ from snakeshard.workflow import SLURM_PASSTHROUGH, Workflow, stage_resources, st
 
 # Found next to this file, so the workflow works as a module from any directory.
 validate_config(config, Path(str(workflow.current_basedir)).parent / "schemas" / "config.schema.yaml")
-WF = Workflow(config)
+# A job's own Snakemake (SLURM) takes the audio identity the main process computed, rather than
+# stat'ing every audio file of the dataset again in every job.
+WF = Workflow(config, reuse_audio_identity=not workflow.is_main_process)
 STAGE_SETS = stage_sets(config)
 # The interpreter running Snakemake also runs the jobs: no reliance on PATH inside jobs. It reaches
 # the shell commands through the environment (jobs inherit it; on SLURM the job's own Snakemake

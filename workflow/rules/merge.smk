@@ -10,9 +10,10 @@ rule merge:
     log:
         f"{WF.out}/{{stage}}/{{dataset}}/logs/merge.log",
     params:
-        stage_fingerprint=lambda w: WF.stage_fps[w.stage, w.dataset],
+        # any change of a shard's inputs (or the stage) reruns the merge; the merge checks it against fingerprints.json
+        inputs=lambda w: WF.inputs[w.stage, w.dataset],
         set_dir=f"{WF.out}/{{stage}}/{{dataset}}",
     localrule: True
     shell:
         '"$SNAKESHARD_PYTHON" -m snakeshard merge --spec {params.set_dir}/spec.json --set-dir {params.set_dir}'
-        " --stage-fingerprint {params.stage_fingerprint} > {log} 2>&1"
+        " --inputs {params.inputs} --log {log}"

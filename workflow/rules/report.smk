@@ -10,6 +10,8 @@ rule wer:
         f"{WF.out}/{{stage}}/{{dataset}}/wer.txt",
     params:
         hyp=lambda w: f"{WF.out}/{w.stage}/{w.dataset}/text",
+        set_dir=lambda w: f"{WF.out}/{w.stage}/{w.dataset}",
+        inputs=lambda w: WF.inputs[w.stage, w.dataset],
     localrule: True
     script:
         "../scripts/report_wer.py"

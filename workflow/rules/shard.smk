@@ -33,7 +33,7 @@ for _stage in config["stages"]:
         log:
             f"{WF.out}/{_stage}/{{dataset}}/logs/split.{{shard}}.log",
         params:
-            # A changed fingerprint (config, model files, keys) reruns the shard.
+            # A changed fingerprint (config, model files, code, keys, their records or audio) reruns the shard.
             fingerprint=_fingerprint,
             set_dir=f"{WF.out}/{_stage}/{{dataset}}",
         conda:
@@ -45,4 +45,4 @@ for _stage in config["stages"]:
         shell:
             '"$SNAKESHARD_PYTHON" -m snakeshard run-shard --shard {wildcards.shard} --spec {params.set_dir}/spec.json'
             " --shard-dir {params.set_dir}/split.{wildcards.shard} --fingerprint {params.fingerprint}"
-            " --log {log} > {log} 2>&1"
+            " --log {log}"

@@ -1,0 +1,123 @@
+"""Reading one item's audio with every check a silent wrong result would need.
+
+libsndfile quietly returns what a file holds: a WAV cut short by a failed copy
+reads as a shorter recording, an empty file as zero samples, a segment past the
+end of its recording as a shorter segment. Each of those is an error here that
+names the key, the file and the line that declared it.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import subprocess
+
+from snakeshard.errors import DataError
+
+PIPE_STDERR_LINES = 5
+
+
+def wav_shortfall(f, size: int) -> tuple[float, float] | None:
+    """(declared, present) seconds if the RIFF WAV in ``f`` (``size`` bytes) ends before its data chunk does.
+
+    None for a complete file, a non-WAV stream, or a streamed WAV whose header leaves the length
+    open (size 0 or 0xFFFFFFFF, as ``sox ... -t wav -`` writes it).
+    """
+    head = f.read(12)
+    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None
+    offset, byte_rate = 12, None
+    while offset + 8 <= size:
+        f.seek(offset)
+        chunk_id, chunk_size = struct.unpack("<4sI", f.read(8))
+        if chunk_id == b"fmt ":
+            fmt = f.read(16)
+            if len(fmt) == 16:
+                byte_rate = struct.unpack("<HHIIH", fmt[:14])[3]
+        elif chunk_id == b"data":
+            if chunk_size in (0, 0xFFFFFFFF) or not byte_rate:
+                return None
+            present = size - (offset + 8)
+            if present < chunk_size:
+                return chunk_size / byte_rate, max(present, 0) / byte_rate
+            return None
+        offset += 8 + chunk_size + (chunk_size & 1)  # chunks are padded to even sizes
+    return None
+
+
+def _check_complete(source, size: int, where: str, name: str) -> None:
+    short = wav_shortfall(source, size)
+    if short is not None:
+        raise DataError(f"{where}: {name} is truncated: its header says {short[0]:.3f} s, the file holds "
+                        f"{short[1]:.3f} s (an interrupted copy or write?)")
+
+
+def audio_duration(path: str, where: str) -> float:
+    """Seconds of audio in ``path`` from its header (soundfile), after the truncation check."""
+    import soundfile
+
+    try:
+        with open(path, "rb") as f:
+            _check_complete(f, os.fstat(f.fileno()).st_size, where, path)
+        info = soundfile.info(path)
+    except DataError:
+        raise
+    except Exception as e:  # soundfile raises several types for unreadable headers
+        raise DataError(f"{where}: cannot read audio header of {path}: {e}") from None
+    if info.frames == 0:
+        raise DataError(f"{where}: {path} holds no samples (0 frames)")
+    return info.duration
+
+
+def _run_pipe(command: str, where: str) -> bytes:
+    """stdout of a Kaldi ``wav.scp`` pipe; a failure names the command and ends with its own stderr."""
+    done = subprocess.run(command, shell=True, capture_output=True)
+    if done.returncode != 0:
+        tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-PIPE_STDERR_LINES:]
+        said = "; its stderr: " + " | ".join(tail) if tail else " (nothing on its stderr)"
+        raise DataError(f"{where}: audio pipe {command!r} exited with status {done.returncode}{said}")
+    if not done.stdout:
+        raise DataError(f"{where}: audio pipe {command!r} wrote no bytes")
+    return done.stdout
+
+
+def read_item_audio(item, *, dtype: str = "float32", sample_rate: int | None = None, max_overshoot: float = 0.0):
+    """(samples, rate) of a dataset item (``snakeshard.data.Item``): a file or a pipe, cut to its segment."""
+    import soundfile
+
+    where = f"key {item.key!r} ({item.source})"
+    if item.audio.endswith("|"):
+        command = item.audio[:-1].strip()
+        data = _run_pipe(command, where)
+        name = f"the output of {command!r}"
+        _check_complete(io.BytesIO(data), len(data), where, name)
+        source = io.BytesIO(data)
+    else:
+        name = source = item.audio
+        try:
+            with open(source, "rb") as f:
+                _check_complete(f, os.fstat(f.fileno()).st_size, where, name)
+        except OSError as e:
+            raise DataError(f"{where}: cannot read audio {name}: {e.strerror}") from None
+    try:
+        samples, rate = soundfile.read(source, dtype=dtype)
+    except Exception as e:
+        raise DataError(f"{where}: cannot read audio {name}: {e}") from None
+    if sample_rate and rate != sample_rate:
+        raise DataError(f"{where}: {name} is {rate} Hz, the stage expects {sample_rate} Hz (stages.<stage>.sample_rate); "
+                        f"resample the data (e.g. sox -D in.wav -r {sample_rate} out.wav) or change the stage")
+    if len(samples) == 0:
+        raise DataError(f"{where}: {name} holds no samples (0 frames)")
+    if "start" in item.fields:
+        start, end = item.fields["start"], item.fields["end"]
+        length = len(samples) / rate
+        if end > length + max_overshoot:
+            allowed = f" by more than max_segment_overshoot={max_overshoot} s" if max_overshoot else ""
+            raise DataError(f"{where}: segment {start}-{end} s ends past the end of {name} ({length:.3f} s){allowed}; "
+                            "fix the segment or set datasets.<name>.max_segment_overshoot (Kaldi's extract-segments "
+                            "tolerates 0.5 s)")
+        samples = samples[int(start * rate): int(end * rate)]
+        if len(samples) == 0:
+            raise DataError(f"{where}: segment {start}-{end} s of {name} holds no samples at {rate} Hz")
+    return samples, rate
