@@ -257,8 +257,11 @@ def test_provider_failing_to_build_fails_the_canary_naming_the_error(toy_workdir
     run = run_snakemake(toy_workdir)
     assert run.returncode != 0 and executed(run, r"\w+") == ["canary_upper"]
     log = (toy_workdir / "results/upper/logs/canary.log").read_text()
-    assert ("snakeshard: error: canary of stage 'upper' failed while building the provider's env, so none of its "
-            "shard jobs was started: FileNotFoundError: model.bin is not there") in log
+    line = ("snakeshard: error: canary of stage 'upper' failed, so none of its shard jobs was started; fix the "
+            "stage, then rerun: shard canary (log: results/upper/logs/canary.log): the provider "
+            "broken.NoModelProvider failed to build the env: FileNotFoundError: model.bin is not there")
+    assert line in log
+    assert line in run.stderr  # echoed to Snakemake's own output too
     assert "Traceback" in log  # the provider's own traceback, above the one-line error
 
 
@@ -311,7 +314,8 @@ def test_init_with_own_data_and_refusals(tmp_path):
     assert config["datasets"] == {"my-set": {"path": str(data), "format": "kaldi"}}
     assert not (project / "data").exists()  # no demo copy when the user brings data
     plan = subprocess.run([CONSOLE_SCRIPT, "plan"], cwd=project, capture_output=True, text=True)
-    assert plan.returncode == 0 and "(2 shards)" in plan.stdout and "a1 .. a2" in plan.stdout, plan.stderr
+    assert config["stages"]["energy"]["sharding"] == {"shard_size": 1000}  # needs no durations; stable on append
+    assert plan.returncode == 0 and "(1 shards)" in plan.stdout and "a1 .. a3" in plan.stdout, plan.stderr
 
     again = subprocess.run([CONSOLE_SCRIPT, "init", str(project)], capture_output=True, text=True)
     assert again.returncode == 1

@@ -43,6 +43,9 @@ def init_project(directory: str | os.PathLike, data: str | None = None) -> list[
         shutil.copytree(demo_data_dir(), root / path, ignore=shutil.ignore_patterns("__init__.py", "__pycache__"))
     config = (TEMPLATE_DIR / "config.yaml").read_text()
     config = config.replace("__DATASET_NAME__", name).replace("__DATASET_PATH__", path)
+    # the demo: two shards balanced by audio seconds; the user's data: item counts, which need no
+    # durations (any wav.scp works, pipes included); both keep existing shards when data is appended
+    config = config.replace("__SHARDING__", "shard_seconds: 18" if data is None else "shard_size: 1000")
     (root / "config").mkdir(exist_ok=True)
     (root / "config/config.yaml").write_text(config.replace("__DATASET_FORMAT__", fmt))
     shutil.copyfile(TEMPLATE_DIR / "Snakefile", root / "Snakefile")

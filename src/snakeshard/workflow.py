@@ -27,7 +27,7 @@ DEFAULT_RESOURCES = {"mem_mb": 2000, "runtime": 60, "cpus_per_task": 1}
 SLURM_PASSTHROUGH = ("slurm_partition", "slurm_account", "constraint", "slurm_extra", "gpu", "gres")
 MAX_LISTED = 5
 # What a shard's fingerprint covers unless the stage's `fingerprint:` config says otherwise.
-FINGERPRINT_DEFAULTS = {"records": [*KALDI_RECORD_FILES, JSONL_RECORD], "audio": "stat", "code": True}
+FINGERPRINT_DEFAULTS = {"records": [*KALDI_RECORD_FILES, JSONL_RECORD], "audio": True, "code": True}
 FINGERPRINTS_FILE = "fingerprints.json"  # beside plan.json: what the merge and readers of merged output check
 
 
@@ -329,7 +329,7 @@ class Workflow:
     def _audio_digests(base: str, plan: dict, options: dict, stat_cache: dict, reuse: bool) -> list[str]:
         """Per shard, the identity digest of its audio files ("" when the stage opts out)."""
         n = plan["num_shards"]
-        if options["audio"] == "off":
+        if not options["audio"]:
             return [""] * n
         if reuse:
             previous = read_fingerprints(base)

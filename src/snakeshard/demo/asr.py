@@ -12,14 +12,22 @@ import time
 
 from snakeshard import BaseRunner, InferenceProvider
 from snakeshard.data import load_dataset
+from snakeshard.errors import ConfigError
+
+MODEL_RATE = 16000
 
 
 class PocketsphinxProvider(InferenceProvider):
     def build_env(self) -> dict:
         from snakeshard.demo.pocketsphinx_asr import make_decoder
 
+        spec = self.config["dataset"]
+        if spec.get("sample_rate", MODEL_RATE) != MODEL_RATE:
+            raise ConfigError(f"stages.<stage>.sample_rate is {spec['sample_rate']}; the PocketSphinx en-us model "
+                              f"needs {MODEL_RATE} Hz audio")
         return {
-            "dataset": load_dataset(self.config["dataset"]),
+            # load_audio refuses any other rate, naming key and file
+            "dataset": load_dataset({**spec, "sample_rate": MODEL_RATE}),
             "decoder": make_decoder(**self.config.get("decoder_options", {})),
             "fail_on_keys": frozenset(self.config.get("fail_on_keys", [])),
             "item_delay": float(self.config.get("item_delay", 0)),
@@ -37,7 +45,5 @@ class PocketsphinxRunner(BaseRunner):
             raise RuntimeError(f"fail_on_keys asked to fail on {key!r}")
         if item_delay:
             time.sleep(item_delay)
-        samples, rate = dataset.load_audio(key, dtype="int16")
-        if rate != 16000:
-            raise ValueError(f"expected 16 kHz audio, got {rate} Hz")
+        samples, _ = dataset.load_audio(key, dtype="int16")
         return {"text": decode(decoder, samples)}

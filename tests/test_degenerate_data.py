@@ -1,0 +1,303 @@
+"""Degenerate data and vanishing causes: each fails with one line naming key, file and line (or shard and
+path), at plan time where the plan can see it, and that line reaches Snakemake's own output.
+
+Real `snakemake` runs over the six-key audio project of test_inputs_changed (one key per shard).
+Disk-full and read-only cases mount a small tmpfs as output_dir (needs root, as on this project's
+machines and CI; skipped elsewhere, saying so).
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from conftest import read_config, run_cli, run_snakemake, write_config
+from snakeshard.data import Item, read_items
+from snakeshard.errors import DataError
+from test_inputs_changed import KEYS, SET, make_audio_project, merged, write_wav
+
+ERROR = "snakeshard: error: "
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return make_audio_project(tmp_path / "wf")
+
+
+def error_lines(proc) -> list[str]:
+    """The `snakeshard: error:` lines in Snakemake's own output (stdout and stderr)."""
+    return [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith(ERROR)]
+
+
+def fails_with(wd: Path, *fragments: str, args=()) -> str:
+    """Run snakemake expecting failure; return the one error line holding every fragment."""
+    proc = run_snakemake(wd, *args)
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    for line in error_lines(proc) or text.splitlines():
+        if all(f in line for f in fragments):
+            return line
+    raise AssertionError(f"no line with {fragments} in:\n{text[-4000:]}")
+
+
+def test_truncated_wav_fails_its_key_naming_file_and_line(project):
+    """k2.wav cut to half its bytes (header still says 0.5 s; libsndfile would quietly read 0.25 s)."""
+    wav = project / "data/six/wav/k2.wav"
+    data = wav.read_bytes()
+    wav.write_bytes(data[: 44 + (len(data) - 44) // 2])
+    line = fails_with(project, "shard 2", "key 'k2' (data/six/wav.scp:3)", "k2.wav is truncated",
+                      "its header says 0.500 s, the file holds 0.250 s")
+    assert line.startswith(ERROR)
+    assert not (project / SET / "split.2/done").exists()
+    assert all((project / SET / f"split.{n}/done").is_file() for n in (0, 1, 3, 4, 5))
+
+
+def test_zero_sample_wav_is_refused(project):
+    sf.write(project / "data/six/wav/k1.wav", np.zeros(0, dtype="int16"), 16000, subtype="PCM_16")
+    fails_with(project, "shard 1", "key 'k1' (data/six/wav.scp:2)", "holds no samples (0 frames)")
+
+
+def test_zero_sample_wav_is_refused_at_plan_time_when_the_plan_reads_headers(project):
+    """shard_seconds reads each header: the empty file fails the plan (the dry run), naming key and line."""
+    sf.write(project / "data/six/wav/k1.wav", np.zeros(0, dtype="int16"), 16000, subtype="PCM_16")
+    config = read_config(project)
+    config["stages"]["energy"]["sharding"] = {"shard_seconds": 1.0}
+    write_config(project, config)
+    fails_with(project, "key 'k1' (data/six/wav.scp:2)", "holds no samples", args=("-n",))
+
+
+@pytest.mark.parametrize("line, message", [
+    ("k3 k3 0.40 0.40", "segment 'k3' ends at 0.40 s, not after its start 0.40 s"),
+    ("k3 k3 0.40 0.10", "segment 'k3' ends at 0.10 s, not after its start 0.40 s"),
+    ("k3 k3 -0.1 0.10", "segment 'k3' starts at -0.1 s, before its recording"),
+    ("k3 k3 0.0 nan", "end of 'k3' 'nan' is not a finite number of seconds"),
+])
+def test_bad_segment_times_fail_the_plan(project, line, message):
+    """Before: end <= start counted as -0.5 s in the plan. Now: plan-time error naming segments:line."""
+    lines = [f"{k} {k} 0.0 0.25" for k in KEYS]
+    lines[3] = line
+    (project / "data/six/segments").write_text("\n".join(lines) + "\n")
+    fails_with(project, "data/six/segments:4", message, args=("-n",))
+
+
+def test_segment_past_the_end_is_an_error_unless_the_dataset_tolerates_it(project):
+    """k4 is 0.5 s; a segment to 0.8 s fails naming key and line. With max_segment_overshoot 0.5 (Kaldi's
+    extract-segments default) it is cut at the end of the recording."""
+    (project / "data/six/segments").write_text("".join(
+        f"{k} {k} 0.0 {0.8 if k == 'k4' else 0.25}\n" for k in KEYS))
+    fails_with(project, "shard 4", "key 'k4' (data/six/segments:5)", "segment 0.0-0.8 s ends past the end",
+               "(0.500 s)", "max_segment_overshoot")
+    config = read_config(project)
+    config["datasets"]["six"]["max_segment_overshoot"] = 0.5
+    write_config(project, config)
+    assert run_snakemake(project).returncode == 0
+    assert b"k4 8000\n" in merged(project)["samples"]
+
+
+def test_sample_rate_other_than_the_stage_declares_is_refused_by_the_library(project):
+    """`stages.energy.sample_rate: 16000` and an 8 kHz file: load_audio refuses it, naming key, file, both rates."""
+    write_wav(project / "data/six/wav/k5.wav", seed=5)
+    data, _ = sf.read(project / "data/six/wav/k5.wav", dtype="int16")
+    sf.write(project / "data/six/wav/k5.wav", data[::2], 8000, subtype="PCM_16")
+    config = read_config(project)
+    config["stages"]["energy"]["sample_rate"] = 16000
+    write_config(project, config)
+    fails_with(project, "shard 5", "key 'k5' (data/six/wav.scp:6)", "k5.wav is 8000 Hz, the stage expects 16000 Hz")
+
+
+NAN_MODULE = '''
+from snakeshard import BaseRunner, EnvironmentProvider
+
+
+class Provider(EnvironmentProvider):
+    def build_env_local(self):
+        return {}
+
+
+class NanRunner(BaseRunner):
+    @staticmethod
+    def forward(key):
+        return {"score": float("nan") if key == "k3" else 1.5, "loss": float("inf") if key == "k1" else 0.0}
+'''
+
+
+def test_forward_returning_nan_fails_naming_key_and_field_unless_allowed(project):
+    (project / "nanstage.py").write_text(NAN_MODULE)
+    config = read_config(project)
+    config["stages"]["energy"].update(runner="nanstage.NanRunner", provider="nanstage.Provider")
+    write_config(project, config)
+    fails_with(project, "shard 3", "item 'k3': field 'score' is nan", "allow_nonfinite")
+    fails_with(project, "shard 1", "item 'k1': field 'loss' is inf")
+    config["stages"]["energy"]["allow_nonfinite"] = ["score", "loss"]
+    write_config(project, config)
+    assert run_snakemake(project).returncode == 0
+    assert b"k3 nan\n" in (project / SET / "score").read_bytes()
+
+
+def test_nan_in_a_slice_of_plain_results_is_caught_in_process(tmp_path):
+    """The bulk writer path (many plain results at once) declines a NaN; the item path names it."""
+    from snakeshard import BaseRunner
+    from snakeshard.errors import ShardError
+    from snakeshard.shard import run_shard
+
+    class Runner(BaseRunner):
+        @staticmethod
+        def forward(key):
+            return {"x": math.nan if key == "k50" else 1.0}
+
+    keys = [f"k{i}" for i in range(100)]
+    with pytest.raises(ShardError, match="item 'k50': field 'x' is nan"):
+        run_shard(Runner, {}, keys, tmp_path / "s", progress=False)
+    run_shard(Runner, {}, keys, tmp_path / "s", progress=False, allow_nonfinite=["x"])
+    assert "k50 nan\n" in (tmp_path / "s/x").read_text()
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0", "duration of 'k2' is '0'; a duration must be > 0"),
+    ("-1.5", "duration of 'k2' is '-1.5'; a duration must be > 0"),
+    ("nan", "duration of 'k2' 'nan' is not a finite number of seconds"),
+])
+def test_bad_durations_fail_the_plan(project, value, message):
+    (project / "data/six/utt2dur").write_text("".join(f"{k} {value if k == 'k2' else 0.5}\n" for k in KEYS))
+    fails_with(project, "data/six/utt2dur:3", message, args=("-n",))
+
+
+def test_non_utf8_wav_scp_names_file_line_and_column(project):
+    scp = project / "data/six/wav.scp"
+    lines = scp.read_bytes().split(b"\n")
+    lines[4] = b"k4\xe9 data/six/wav/k4.wav"
+    scp.write_bytes(b"\n".join(lines))
+    fails_with(project, "data/six/wav.scp:5: not UTF-8", "column 3", args=("-n",))
+    proc = run_cli(project, "plan")
+    assert proc.returncode == 1 and "data/six/wav.scp:5: not UTF-8" in proc.stderr
+
+
+def test_failing_pipe_error_carries_the_pipes_own_stderr(project):
+    scp = project / "data/six/wav.scp"
+    scp.write_text(scp.read_text().replace("k0 data/six/wav/k0.wav",
+                                           "k0 sox data/six/wav/missing.wav -t wav - 2>&1 >/dev/null | cat >&2; "
+                                           "echo 'decoder: no such codec' >&2; exit 3 |"))
+    fails_with(project, "shard 0", "key 'k0' (data/six/wav.scp:1)", "exited with status 3",
+               "its stderr:", "decoder: no such codec")
+
+
+def test_pipe_writing_nothing_is_refused(project):
+    scp = project / "data/six/wav.scp"
+    scp.write_text(scp.read_text().replace("k0 data/six/wav/k0.wav", "k0 true |"))
+    fails_with(project, "shard 0", "audio pipe 'true' wrote no bytes")
+
+
+BROKEN_PROVIDER = '''
+from snakeshard import EnvironmentProvider
+
+
+class Provider(EnvironmentProvider):
+    def build_env_local(self):
+        raise FileNotFoundError("model.ckpt is not there")
+'''
+
+
+def test_provider_build_failure_gives_a_shard_error_line_in_snakemakes_output(project):
+    """Before: a raw traceback in the log and no `snakeshard: error: shard N` line anywhere."""
+    (project / "broken.py").write_text(BROKEN_PROVIDER)
+    config = read_config(project)
+    config["stages"]["energy"]["provider"] = "broken.Provider"
+    write_config(project, config)
+    line = fails_with(project, "shard 0 (log: results/energy/six/logs/split.0.log)", "the provider broken.Provider "
+                      "failed to build the env: FileNotFoundError: model.ckpt is not there")
+    log = (project / SET / "logs/split.0.log").read_text()
+    assert "Traceback" in log and log.strip().endswith(line)
+
+
+def test_read_items_record_per_source_file(project):
+    """What the shard fingerprint covers per key, straight from the files."""
+    (project / "data/six/segments").write_text("u0 k0 0.0 0.25\n")
+    (project / "data/six/utt2spk").write_text("u0 spk1\n")
+    (project / "data/six/text").write_text("u0 hello world\n")
+    items = read_items({"path": str(project / "data/six")})
+    assert items == [Item("u0", f"{project}/data/six/segments:1", audio="data/six/wav/k0.wav", seconds=0.25,
+                          fields={"rec": "k0", "start": 0.0, "end": 0.25, "text": "hello world", "spk": "spk1"},
+                          records={"wav.scp": "data/six/wav/k0.wav", "segments": "k0 0.0 0.25",
+                                   "text": "hello world", "utt2spk": "spk1"})]
+
+
+# -- a full or read-only output_dir: a tmpfs mounted for the test -------------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 1 MiB tmpfs at tmp_path/disk (root only); unmounted afterwards."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {proc.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+BIG_MODULE = '''
+from snakeshard import BaseRunner, EnvironmentProvider
+
+
+class Provider(EnvironmentProvider):
+    def build_env_local(self):
+        return {}
+
+
+class BigRunner(BaseRunner):
+    @staticmethod
+    def forward(key):
+        return {"blob": key * 100_000}  # 200 kB per key: six keys overflow a 1 MiB disk
+'''
+
+
+def test_disk_full_cause_reaches_snakemakes_output_and_a_rerun_recovers(project, small_disk):
+    """Shard results and their logs on a full disk: before, in 5 of 14 runs 'No space left on device'
+    appeared nowhere. Now every failed shard's line, with the cause, is in Snakemake's own output;
+    no failed shard has a done; after freeing space the rerun completes."""
+    (project / "big.py").write_text(BIG_MODULE)
+    config = read_config(project)
+    config["output_dir"] = str(small_disk / "results")
+    config["stages"]["energy"].update(runner="big.BigRunner", provider="big.Provider")
+    write_config(project, config)
+    proc = run_snakemake(project)
+    assert proc.returncode != 0
+    lines = [line for line in error_lines(proc) if "No space left on device" in line]
+    set_dir = small_disk / "results/energy/six"
+    failed = [n for n in range(6) if not (set_dir / f"split.{n}/done").exists()]
+    assert failed, "the disk never filled"
+    for n in failed:
+        assert any(line.startswith(f"{ERROR}shard {n} ") for line in lines), (n, proc.stderr[-3000:])
+    subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)
+    assert run_snakemake(project).returncode == 0
+    assert (set_dir / "blob").read_text() == "".join(f"{k} {k * 100_000}\n" for k in KEYS)
+
+
+def test_full_disk_at_parse_names_the_path(project, small_disk):
+    config = read_config(project)
+    config["output_dir"] = str(small_disk / "results")
+    write_config(project, config)
+    with open(small_disk / "filler", "wb") as f:
+        try:
+            f.write(b"\0" * (2 << 20))
+        except OSError:
+            pass
+    line = fails_with(project, "output_dir: cannot write", str(small_disk / "results"), "No space left on device",
+                      args=("-n",))
+    assert "Traceback" not in line
+
+
+def test_read_only_output_dir_at_parse_names_the_path(project, small_disk):
+    config = read_config(project)
+    config["output_dir"] = str(small_disk / "results")
+    write_config(project, config)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    fails_with(project, "output_dir: cannot write", str(small_disk / "results"), "Read-only file system",
+               args=("-n",))
+    proc = run_cli(project, "status")
+    assert proc.returncode == 1 and "Read-only file system" in proc.stderr and str(small_disk) in proc.stderr

@@ -1,0 +1,295 @@
+"""Changed inputs under unchanged keys: exactly the shards they touch rerun, and nothing stale is read.
+
+Real `snakemake` runs over a small Kaldi data dir of generated wavs, one key per shard, with a
+runner whose results depend on the audio content, the segment times and the text, so a shard
+that was wrongly kept shows up as a wrong merged line. Which shards ran is read from their
+``done`` files (a rerun rewrites them; a kept shard's bytes stay the same).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from conftest import copy_workflow, read_config, run_cli, run_snakemake, write_config
+from snakeshard.data import load_dataset
+from snakeshard.errors import SnakeshardError
+from snakeshard.merge import StaleMergedOutput, require_current
+from snakeshard.workflow import read_fingerprints
+
+AUDIO_MODULE = '''
+from snakeshard import BaseRunner, EnvironmentProvider
+from snakeshard.data import load_dataset
+
+
+class AudioProvider(EnvironmentProvider):
+    def build_env_local(self):
+        return {"dataset": load_dataset(self.config["dataset"]),
+                "fail_on_keys": set(self.config.get("fail_on_keys", []))}
+
+
+class AudioRunner(BaseRunner):
+    """Per key: the number of samples, their absolute sum, and the key's text."""
+
+    @staticmethod
+    def forward(key, *, dataset, fail_on_keys):
+        if key in fail_on_keys:
+            raise RuntimeError(f"asked to fail on {key}")
+        samples, rate = dataset.load_audio(key, dtype="int16")
+        return {"samples": len(samples), "energy": int(abs(samples.astype("int64")).sum()),
+                "ref": dataset[key].get("text", "-").replace(" ", "_")}
+'''
+KEYS = [f"k{i}" for i in range(6)]
+
+
+def write_wav(path: Path, seed: int, seconds: float = 0.5) -> None:
+    rng = np.random.default_rng(seed)
+    sf.write(path, (rng.standard_normal(int(16000 * seconds)) * 3000).astype("int16"), 16000, subtype="PCM_16")
+
+
+def make_audio_project(root: Path) -> Path:
+    """A workflow copy with the audio runner over 6 keys (one per shard) in data/six."""
+    wd = copy_workflow(root)
+    (wd / "audio_stage.py").write_text(AUDIO_MODULE)
+    data = wd / "data/six"
+    (data / "wav").mkdir(parents=True)
+    for i, key in enumerate(KEYS):
+        write_wav(data / "wav" / f"{key}.wav", seed=i)
+    (data / "wav.scp").write_text("".join(f"{k} data/six/wav/{k}.wav\n" for k in KEYS))
+    (data / "text").write_text("".join(f"{k} words of {k}\n" for k in KEYS))
+    write_config(wd, {
+        "datasets": {"six": {"path": "data/six"}},
+        "stages": {"energy": {"runner": "audio_stage.AudioRunner", "provider": "audio_stage.AudioProvider",
+                              "datasets": ["six"], "sharding": {"shard_size": 1}}},
+    })
+    return wd
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    wd = make_audio_project(tmp_path / "wf")
+    first = run_snakemake(wd)
+    assert first.returncode == 0, first.stderr[-3000:]
+    return wd
+
+
+SET = "results/energy/six"
+
+
+def dones(wd: Path) -> dict[int, bytes]:
+    set_dir = wd / SET
+    return {int(p.parent.name.split(".")[1]): p.read_bytes() for p in set_dir.glob("split.*/done")}
+
+
+def rerun(wd: Path, *args: str) -> set[int]:
+    """Run snakemake again; return the shards whose done it rewrote."""
+    before = dones(wd)
+    proc = run_snakemake(wd, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = dones(wd)
+    return {n for n in after if before.get(n) != after[n]}
+
+
+def expected_merged(wd: Path) -> dict[str, bytes]:
+    """The merged files a clean in-process run over the current data produces."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("audio_stage_copy", wd / "audio_stage.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cwd = os.getcwd()
+    os.chdir(wd)  # relative audio paths, as in a shard job
+    try:
+        dataset = load_dataset({"path": "data/six"})
+        results = [module.AudioRunner.forward(k, dataset=dataset, fail_on_keys=set()) for k in dataset.keys]
+    finally:
+        os.chdir(cwd)
+    return {field: "".join(f"{r_key} {r[field]}\n" for r_key, r in zip(dataset.keys, results)).encode()
+            for field in ("samples", "energy", "ref")}
+
+
+def merged(wd: Path) -> dict[str, bytes]:
+    return {field: (wd / SET / field).read_bytes() for field in ("samples", "energy", "ref")}
+
+
+def status(wd: Path) -> str:
+    proc = run_cli(wd, "status")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_audio_rewritten_in_place_reruns_only_its_shard(project):
+    """New content at the same path for k3: status says stale (audio), exactly shard 3 reruns, merged
+    output equals a clean run on the new data. Before: `Nothing to be done` and the old merged text."""
+    old = merged(project)
+    write_wav(project / "data/six/wav/k3.wav", seed=99)
+    out = status(project)
+    assert "split.3     stale" in out and "its audio files (size or mtime)" in out
+    assert "merged: stale" in out
+    assert rerun(project) == {3}
+    assert merged(project) == expected_merged(project) != old
+    assert "merged: yes, current" in status(project)
+
+
+def test_clean_run_on_the_changed_data_gives_the_same_bytes(project, tmp_path):
+    """After in-place audio edits and a rerun, the merged files equal those of a fresh project run on the new data."""
+    write_wav(project / "data/six/wav/k1.wav", seed=41)
+    write_wav(project / "data/six/wav/k4.wav", seed=44, seconds=0.7)
+    assert rerun(project) == {1, 4}
+    fresh = make_audio_project(tmp_path / "fresh")
+    for key in ("k1", "k4"):
+        shutil.copyfile(project / f"data/six/wav/{key}.wav", fresh / f"data/six/wav/{key}.wav")
+    assert run_snakemake(fresh).returncode == 0
+    assert merged(project) == merged(fresh)
+
+
+def test_key_repointed_in_wav_scp_reruns_only_its_shard(project):
+    """k2 now points at k5's file: the plan is redone, shard 2's fingerprint changes (its wav.scp record), only it reruns."""
+    scp = project / "data/six/wav.scp"
+    scp.write_text(scp.read_text().replace("data/six/wav/k2.wav", "data/six/wav/k5.wav"))
+    assert "its keys' records" in status(project)
+    assert rerun(project) == {2}
+    assert merged(project) == expected_merged(project)
+
+
+def test_key_switched_to_a_pipe_reruns_only_its_shard(project):
+    """k4's wav.scp value becomes a Kaldi pipe reading another file: only shard 4 reruns, with the pipe's audio."""
+    scp = project / "data/six/wav.scp"
+    scp.write_text(scp.read_text().replace("k4 data/six/wav/k4.wav", "k4 cat data/six/wav/k0.wav |"))
+    assert rerun(project) == {4}
+    lines = merged(project)["energy"].decode().splitlines()
+    assert lines[4].split()[1] == lines[0].split()[1]  # k4 now has k0's audio
+    assert merged(project) == expected_merged(project)
+
+
+def test_segments_added_then_one_time_changed_reruns_only_that_shard(project):
+    """A switch to segments (same utterance keys cut from the recordings) reruns every shard; then one
+    changed segment end reruns only its shard."""
+    seg = project / "data/six/segments"
+    seg.write_text("".join(f"{k} {k} 0.0 0.25\n" for k in KEYS))
+    assert rerun(project) == set(range(6))
+    assert merged(project)["samples"] == b"".join(f"{k} 4000\n".encode() for k in KEYS)
+    seg.write_text(seg.read_text().replace("k5 k5 0.0 0.25", "k5 k5 0.0 0.3"))
+    assert rerun(project) == {5}
+    assert merged(project) == expected_merged(project)
+
+
+def test_text_edit_reruns_its_shard_unless_the_stage_leaves_text_out(project):
+    """The dataset's text is a per-key record the stage can read: editing k1's reruns shard 1. A stage whose
+    `fingerprint.records` leaves text out (e.g. ASR, which never reads it) reruns nothing for a text edit."""
+    text = project / "data/six/text"
+    text.write_text(text.read_text().replace("k1 words of k1", "k1 other words"))
+    assert rerun(project) == {1}
+    assert b"k1 other_words\n" in merged(project)["ref"]
+
+    config = read_config(project)
+    config["stages"]["energy"]["fingerprint"] = {"records": ["wav.scp", "segments"]}
+    write_config(project, config)
+    assert rerun(project) == set(range(6))  # the fingerprint's make-up changed: every shard once
+    text.write_text(text.read_text().replace("k2 words of k2", "k2 changed"))
+    assert rerun(project) == set()
+
+
+def test_audio_identity_opt_out_skips_the_stat(project):
+    """`fingerprint.audio: false` (huge sets on slow filesystems): after the switch, an in-place audio edit
+    reruns nothing, as documented; the fingerprints record no audio identity."""
+    config = read_config(project)
+    config["stages"]["energy"]["fingerprint"] = {"audio": False}
+    write_config(project, config)
+    assert rerun(project) == set(range(6))
+    assert {e["audio"] for e in read_fingerprints(project / SET)["shards"]} == {""}
+    write_wav(project / "data/six/wav/k3.wav", seed=77)
+    assert rerun(project) == set()
+
+
+def test_editing_forward_reruns_the_stage_a_comment_does_not_and_code_false_opts_out(project):
+    """The runner's module source is part of the stage fingerprint (parsed: comments do not count)."""
+    module = project / "audio_stage.py"
+    module.write_text(module.read_text() + "\n# a comment only\n")
+    assert rerun(project) == set()
+    module.write_text(module.read_text().replace('"samples": len(samples)', '"samples": len(samples) + 1'))
+    assert rerun(project) == set(range(6))
+    assert merged(project)["samples"].startswith(b"k0 8001\n")
+
+    config = read_config(project)
+    config["stages"]["energy"]["fingerprint"] = {"code": False}
+    write_config(project, config)
+    assert rerun(project) == set(range(6))  # leaving the code out changes the fingerprint once
+    module.write_text(module.read_text().replace("len(samples) + 1", "len(samples) + 2"))
+    assert rerun(project) == set()
+
+
+def test_failed_rerun_leaves_merged_output_stale_and_refused(project):
+    """A data change whose rerun fails in one shard: the old merged files stay on disk, but status says
+    `merged: stale`, require_current refuses them, and `snakeshard wer` refuses to score them."""
+    config = read_config(project)
+    config["stages"]["energy"]["provider_config"] = {"fail_on_keys": ["k6"]}
+    config["stages"]["energy"]["fingerprint_ignore"] = ["fail_on_keys"]
+    write_config(project, config)
+    write_wav(project / "data/six/wav/k6.wav", seed=6)
+    with open(project / "data/six/wav.scp", "a") as f:
+        f.write("k6 data/six/wav/k6.wav\n")
+    proc = run_snakemake(project)
+    assert proc.returncode != 0
+    out = status(project)
+    assert "split.6     failed" in out
+    assert "merged: stale" in out and "summary: 6 done, 1 failed" in out
+    assert (project / SET / "merged.json").is_file()  # the old one, from 6 keys
+    current = read_fingerprints(project / SET)["inputs"]
+    with pytest.raises(StaleMergedOutput, match="the merged output is stale"):
+        require_current(project / SET, current)
+    (project / "ref.txt").write_text("".join(f"{k} x\n" for k in KEYS))
+    wer = run_cli(project, "wer", "--hyp", f"{SET}/ref", "--ref", "ref.txt")
+    assert wer.returncode == 1 and "the merged output is stale" in wer.stderr
+
+    config["stages"]["energy"]["provider_config"] = {}
+    write_config(project, config)
+    assert rerun(project) == {6}
+    assert "merged: yes, current" in status(project)
+    assert isinstance(require_current(project / SET, read_fingerprints(project / SET)["inputs"]), dict)
+
+
+def test_appending_keys_runs_only_the_new_and_last_shards(tmp_path):
+    """With shard_size (and shard_seconds, which the shipped configs use), appending keys keeps every
+    full shard: 60 keys in shards of 10, then 5 more -> only a new shard 6 runs."""
+    wd = make_audio_project(tmp_path / "wf")
+    lines = [f"a{i:02d} data/six/wav/k{i % 6}.wav\n" for i in range(65)]
+    (wd / "data/six/wav.scp").write_text("".join(lines[:60]))
+    (wd / "data/six/text").unlink()
+    config = read_config(wd)
+    config["stages"]["energy"]["sharding"] = {"shard_size": 10}
+    write_config(wd, config)
+    assert run_snakemake(wd).returncode == 0
+    (wd / "data/six/wav.scp").write_text("".join(lines))
+    assert rerun(wd) == {6}
+
+    # shard_seconds: the last partial shard grows or a new one starts; full shards stay
+    config["stages"]["energy"]["sharding"] = {"shard_seconds": 5.0}  # 10 keys of 0.5 s per shard
+    write_config(wd, config)
+    shutil.rmtree(wd / "results")  # (a shard with the same keys, records and audio would be reused, rightly)
+    (wd / "data/six/wav.scp").write_text("".join(lines[:55]))
+    assert run_snakemake(wd).returncode == 0
+    (wd / "data/six/wav.scp").write_text("".join(lines))
+    assert rerun(wd) == {5, 6}  # shard 5 held 5 keys and takes 5 more; 6 is new
+
+
+def test_shipped_configs_shard_stably():
+    """The demo config and the project template use sharding that keeps shards when keys are appended."""
+    from conftest import PROJECT
+
+    import yaml
+
+    demo = yaml.safe_load((PROJECT / "config/config.yaml").read_text())
+    assert set(demo["stages"]["asr"]["sharding"]) == {"shard_seconds"}
+    template = (PROJECT / "src/snakeshard/project_template/config.yaml").read_text()
+    assert "num_shards" not in template.split("sharding:")[1].split("\n")[0]
+
+
+def test_require_current_without_merge_names_the_dir(tmp_path):
+    with pytest.raises(SnakeshardError, match="is not merged"):
+        require_current(tmp_path, "x")
