@@ -312,3 +312,20 @@ def test_ensure_plan_on_bad_data_keeps_previous_plan(tmp_path):
         ensure_plan(set_dir, spec, {"num_shards": 2})
     assert {p: (set_dir / p).read_bytes() for p in mtimes(set_dir)} == before
     assert mtimes(set_dir) == before_mtimes
+
+
+def test_jsonl_record_change_changes_only_its_shards_records_digest(tmp_path):
+    """A JSON Lines record edited under the same key: the plan's keys digests stay, the records digest of
+    that key's shard (and only it) changes, so only that shard's fingerprint changes."""
+    path = tmp_path / "x.jsonl"
+    rows = [{"key": f"k{i}", "audio": "a.wav", "duration": 1.0, "lang": "en"} for i in range(6)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "a.wav").write_bytes(b"")
+    spec = {"path": str(path), "format": "jsonl"}
+    before, _, _ = make_plan(spec, {"shard_size": 2})
+    rows[3]["lang"] = "de"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    after, _, _ = make_plan(spec, {"shard_size": 2})
+    assert [s["keys_digest"] for s in before["shards"]] == [s["keys_digest"] for s in after["shards"]]
+    changed = [n for n, (a, b) in enumerate(zip(before["shards"], after["shards"])) if a["records"] != b["records"]]
+    assert changed == [1]

@@ -138,3 +138,23 @@ def test_readme_demo_outputs_are_real(workdir):
     assert run_cli(workdir, "status").stdout.splitlines() == shown_output("snakeshard status                    #")
     wer = (workdir / "results/asr/demo/wer.txt").read_text()
     assert wer.split(" hyp=")[0] in (PROJECT / "README.md").read_text()
+
+
+def test_readme_rerun_after_new_audio_is_real(workdir):
+    """'What reruns when something changes': new audio at an existing path makes status and the dry run
+    print what the README shows (one stale shard, one shard job, then merge and score)."""
+    import shutil
+
+    assert run_snakemake(workdir).returncode == 0
+    shutil.copyfile(workdir / "data/demo/wav/cards-002.wav", workdir / "data/demo/wav/cards-001.wav")
+    status = run_cli(workdir, "status").stdout.splitlines()
+    assert status == shown_output("snakeshard status                    # before rerunning")
+    dry = run_snakemake(workdir, "-n")
+    assert job_stats(dry.stdout + dry.stderr) == shown_output("snakemake -n --profile config/profiles/local     # after")
+
+
+def test_readme_config_block_is_a_valid_config():
+    """The annotated config in the README's Config section passes the schema and its cross-checks."""
+    from snakeshard.workflow import validate_config
+
+    validate_config(yaml.safe_load(readme_block("yaml", "output_dir: results")))
