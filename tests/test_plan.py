@@ -318,7 +318,7 @@ def test_jsonl_record_change_changes_only_its_shards_records_digest(tmp_path):
     """A JSON Lines record edited under the same key: the plan's keys digests stay, the records digest of
     that key's shard (and only it) changes, so only that shard's fingerprint changes."""
     path = tmp_path / "x.jsonl"
-    rows = [{"key": f"k{i}", "audio": "a.wav", "duration": 1.0, "lang": "en"} for i in range(6)]
+    rows = [{"key": f"k{i}", "audio": str(tmp_path / "a.wav"), "duration": 1.0, "lang": "en"} for i in range(6)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "a.wav").write_bytes(b"")
     spec = {"path": str(path), "format": "jsonl"}
