@@ -301,3 +301,17 @@ def test_read_only_output_dir_at_parse_names_the_path(project, small_disk):
                args=("-n",))
     proc = run_cli(project, "status")
     assert proc.returncode == 1 and "Read-only file system" in proc.stderr and str(small_disk) in proc.stderr
+
+
+def test_mixed_str_and_float_field_still_writes_in_bulk(tmp_path):
+    """A field holding floats for some keys and strings for others is plain: written, not an error."""
+    from snakeshard import BaseRunner
+    from snakeshard.shard import run_shard
+
+    class Runner(BaseRunner):
+        @staticmethod
+        def forward(key):
+            return {"x": "n/a" if key == "k3" else 0.5}
+
+    run_shard(Runner, {}, [f"k{i}" for i in range(8)], tmp_path / "s", progress=False)
+    assert (tmp_path / "s/x").read_text().splitlines()[3] == "k3 n/a"

@@ -271,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--log", help="the merge's log file")
     sp.set_defaults(func=cmd_merge)
 
-    sp = sub.add_parser("status", help="list each shard as done, failed (with its log tail), incomplete or pending")
+    sp = sub.add_parser("status", help="list each shard as done, stale (with the cause), failed (with its log tail), "
+                                       "unreadable, incomplete, pending or removed, and whether the merge is current")
     with_config(sp)
     sp.set_defaults(func=cmd_status)
 

@@ -124,8 +124,9 @@ class FieldWriters:
             types = set(map(type, values))
             if not types <= _PLAIN_TYPES:
                 return False
-            if float in types and name not in self.allow_nonfinite and not all(map(math.isfinite, values)):
-                return False  # a NaN or inf (or a str among floats): the item-by-item path names it
+            if float in types and name not in self.allow_nonfinite and not all(
+                    math.isfinite(v) for v in values if type(v) is float):
+                return False  # a NaN or inf: the item-by-item path names it
             text = "".join([f"{k} {v}\n" for k, v in zip(keys, values)])
             if text.count("\n") != len(keys):  # a value held a newline
                 return False

@@ -290,40 +290,43 @@ class Workflow:
         self.shard_inputs: dict[tuple[str, str], list[dict]] = {}
         self.inputs: dict[tuple[str, str], str] = {}
         self.canaries: dict[str, dict] = {}
-        stat_cache: dict[str, str] = {}
-        for stage, ds in stage_sets(config):
-            base = set_dir(config, stage, ds)
-            spec = run_spec(config, stage, ds)
-            options = spec["fingerprint"]
-            try:
-                plan = ensure_plan(base, spec["dataset"], config["stages"][stage]["sharding"])
-                # Jobs read the spec from this file, not from a rule param: options listed in
-                # fingerprint_ignore may change without rerunning shards, so they must not be params.
-                write_if_changed(Path(base) / "spec.json", json.dumps(spec, indent=1, sort_keys=True) + "\n")
-            except OSError as e:  # a read-only or full output_dir: name the path and the config key
-                raise ConfigError(f"output_dir: cannot write {e.filename or base}: {e.strerror} "
-                                  f"(output_dir is {self.out!r}; stage {stage}, dataset {ds})") from None
-            code = None
-            if options["code"]:
-                code = {role: source_digest(spec[role], f"stages.{stage}.{role}") for role in ("runner", "provider")}
-            fp = stage_fingerprint(spec, __version__, code)
-            audio = self._audio_digests(base, plan, options, stat_cache, reuse_audio_identity)
-            inputs = [{"keys": s["keys_digest"], "records": records_digest(s["records"], options["records"]),
-                       "audio": a} for s, a in zip(plan["shards"], audio)]
-            for entry in inputs:
-                entry["fingerprint"] = shard_fingerprint(fp, entry["keys"], entry["records"], entry["audio"])
-            self.plans[stage, ds] = plan
-            self.stage_fps[stage, ds] = fp
-            self.shard_inputs[stage, ds] = inputs
-            self.shard_fps[stage, ds] = [entry["fingerprint"] for entry in inputs]
-            self.inputs[stage, ds] = inputs_digest(self.shard_fps[stage, ds])
-            record = {"stage": fp, "inputs": self.inputs[stage, ds], "shards": inputs}
-            try:
-                write_if_changed(Path(base) / FINGERPRINTS_FILE, json.dumps(record, indent=0) + "\n")
-            except OSError as e:
-                raise ConfigError(f"output_dir: cannot write {e.filename or base}: {e.strerror}") from None
-        for stage in config["stages"]:
-            self.canaries[stage] = self._prepare_canary(stage)
+        stat_cache: dict[str, str] = {}  # audio file -> identity, shared by stages over the same data
+        try:
+            for stage, ds in stage_sets(config):
+                self._prepare_set(stage, ds, stat_cache, reuse_audio_identity)
+            for stage in config["stages"]:
+                self.canaries[stage] = self._prepare_canary(stage)
+        except OSError as e:  # a read-only or full output_dir, an unreadable data file: name the path
+            path = str(e.filename or self.out)  # a write to a full disk names no file
+            if path.startswith(self.out):
+                raise ConfigError(f"output_dir: cannot write {path}: {e.strerror} (output_dir is {self.out!r})") from None
+            raise DataError(f"cannot read {path}: {e.strerror}") from None
+
+    def _prepare_set(self, stage: str, ds: str, stat_cache: dict, reuse_audio_identity: bool) -> None:
+        """Plan one stage/dataset, write its spec.json, compute and write its fingerprints.json."""
+        base = set_dir(self.config, stage, ds)
+        spec = run_spec(self.config, stage, ds)
+        options = spec["fingerprint"]
+        plan = ensure_plan(base, spec["dataset"], self.config["stages"][stage]["sharding"])
+        # Jobs read the spec from this file, not from a rule param: options listed in
+        # fingerprint_ignore may change without rerunning shards, so they must not be params.
+        write_if_changed(Path(base) / "spec.json", json.dumps(spec, indent=1, sort_keys=True) + "\n")
+        code = None
+        if options["code"]:
+            code = {role: source_digest(spec[role], f"stages.{stage}.{role}") for role in ("runner", "provider")}
+        fp = stage_fingerprint(spec, __version__, code)
+        audio = self._audio_digests(base, plan, options, stat_cache, reuse_audio_identity)
+        inputs = [{"keys": s["keys_digest"], "records": records_digest(s["records"], options["records"]),
+                   "audio": a} for s, a in zip(plan["shards"], audio)]
+        for entry in inputs:
+            entry["fingerprint"] = shard_fingerprint(fp, entry["keys"], entry["records"], entry["audio"])
+        self.plans[stage, ds] = plan
+        self.stage_fps[stage, ds] = fp
+        self.shard_inputs[stage, ds] = inputs
+        self.shard_fps[stage, ds] = [entry["fingerprint"] for entry in inputs]
+        self.inputs[stage, ds] = inputs_digest(self.shard_fps[stage, ds])
+        record = {"stage": fp, "inputs": self.inputs[stage, ds], "shards": inputs}
+        write_if_changed(Path(base) / FINGERPRINTS_FILE, json.dumps(record, indent=0) + "\n")
 
     @staticmethod
     def _audio_digests(base: str, plan: dict, options: dict, stat_cache: dict, reuse: bool) -> list[str]:
