@@ -58,14 +58,19 @@ rule job:
 """
 
 
-def make_snakeshard(root: Path, n: int) -> None:
+def copy_workflow(root: Path, source: Path = REPO) -> None:
+    """A project dir ``root`` with the Snakefile, workflow/ and config/ of ``source`` (a checkout)."""
     root.mkdir(parents=True)
     for name in ("Snakefile", "workflow", "config"):
-        src = REPO / name
+        src = source / name
         if src.is_dir():
             shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, root / name)
+
+
+def make_snakeshard(root: Path, n: int) -> None:
+    copy_workflow(root)
     (root / "config" / "config.yaml").write_text(SNAKESHARD_CONFIG)
     data = root / "data" / "bench"
     (data / "wav").mkdir(parents=True)

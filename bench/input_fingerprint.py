@@ -25,10 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from dryrun_scale import DRYRUN, REPO, WAV, copy_workflow  # bench/ is on sys.path when run as a script
+
 WORK = REPO / "bench" / "work" / "input_fingerprint"
-WAV = REPO / "data" / "demo" / "wav" / "cards-001.wav"
-DRYRUN = [sys.executable, "-m", "snakemake", "-n", "--cores", "2", "-q"]
 
 CONFIG = """\
 output_dir: results
@@ -59,13 +58,7 @@ def make_data(data: Path, n: int) -> None:
 
 
 def make_project(root: Path, source: Path, data: Path, extra: str = "") -> None:
-    root.mkdir(parents=True)
-    for name in ("Snakefile", "workflow", "config"):
-        src = source / name
-        if src.is_dir():
-            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, root / name)
+    copy_workflow(root, source)
     (root / "config" / "config.yaml").write_text(CONFIG.format(extra=extra))
     (root / "data").mkdir()
     (root / "data" / "bench").symlink_to(data)

@@ -293,3 +293,37 @@ def test_shipped_configs_shard_stably():
 def test_require_current_without_merge_names_the_dir(tmp_path):
     with pytest.raises(SnakeshardError, match="is not merged"):
         require_current(tmp_path, "x")
+
+
+def test_a_slurm_jobs_parse_reuses_the_main_processs_audio_identity(project, monkeypatch):
+    """Workflow(reuse_audio_identity=True), what a job's own Snakemake builds: it takes the audio digests from
+    fingerprints.json instead of stat'ing every file again, so it agrees with the main process even if a
+    file changed since; a fresh main-process parse sees the change."""
+    from snakeshard.workflow import Workflow
+
+    monkeypatch.chdir(project)
+    monkeypatch.syspath_prepend(str(project))  # audio_stage.py, as the Snakefile's parse sees it
+    config = read_config(project)
+    written = read_fingerprints(SET)["shards"]
+    write_wav(project / "data/six/wav/k2.wav", seed=123)
+    reused = Workflow(config, reuse_audio_identity=True).shard_inputs["energy", "six"]
+    assert [e["audio"] for e in reused] == [e["audio"] for e in written]
+    fresh = Workflow(config).shard_inputs["energy", "six"]
+    assert [n for n, (a, b) in enumerate(zip(fresh, written)) if a["audio"] != b["audio"]] == [2]
+
+
+def test_merge_refuses_when_the_plan_changed_under_the_run(project):
+    """The merge job is given the inputs digest its DAG was built with; fingerprints.json rewritten by another
+    parse since (other data or config) makes it refuse rather than merge shards of another plan."""
+    proc = run_cli(project, "merge", "--spec", f"{SET}/spec.json", "--set-dir", SET, "--inputs", "0" * 20)
+    assert proc.returncode == 1
+    assert "refusing to merge results/energy/six: its plan changed while this run was going" in proc.stderr
+
+
+def test_audio_file_removed_behind_an_unchanged_wav_scp_fails_the_parse_naming_it(project):
+    """The plan is cached (wav.scp unchanged), but the identity check at parse finds the file gone."""
+    (project / "data/six/wav/k4.wav").unlink()
+    proc = run_snakemake(project, "-n")
+    assert proc.returncode != 0
+    assert ("audio file data/six/wav/k4.wav of shard 4 (results/energy/six/split.4) no longer exists; "
+            "it is still listed in the dataset") in proc.stdout + proc.stderr

@@ -13,6 +13,7 @@ import os
 import struct
 import subprocess
 
+from snakeshard.data import is_pipe
 from snakeshard.errors import DataError
 
 PIPE_STDERR_LINES = 5
@@ -87,12 +88,13 @@ def read_item_audio(item, *, dtype: str = "float32", sample_rate: int | None = N
     import soundfile
 
     where = f"key {item.key!r} ({item.source})"
-    if item.audio.endswith("|"):
+    if is_pipe(item.audio):
         command = item.audio[:-1].strip()
         data = _run_pipe(command, where)
         name = f"the output of {command!r}"
-        _check_complete(io.BytesIO(data), len(data), where, name)
         source = io.BytesIO(data)
+        _check_complete(source, len(data), where, name)
+        source.seek(0)
     else:
         name = source = item.audio
         try:

@@ -78,6 +78,7 @@ def _run_canary(args, spec: dict) -> int:
 def _run_shard(args, spec: dict) -> int:
     from snakeshard.devices import job_devices
     from snakeshard.errors import ShardError
+    from snakeshard.fingerprint import digest, parse_shard_inputs
     from snakeshard.shard import run_shard_dir
     from snakeshard.workflow import import_object
 
@@ -94,28 +95,15 @@ def _run_shard(args, spec: dict) -> int:
     except Exception as e:  # the provider's own code: its traceback goes to the log
         raise ShardError(f"{shard}: the provider {spec['provider']} failed to build the env: "
                          f"{type(e).__name__}: {e}") from e
-    done = run_shard_dir(runner_cls, env, args.shard_dir, shard_id=args.shard, fingerprint=args.fingerprint,
-                         log_path=args.log, batch_size=spec.get("batch_size"), progress=True,
-                         inputs=_shard_inputs(Path(args.shard_dir), args.shard, args.fingerprint),
+    if args.shard_inputs is not None:  # a shard job: its fingerprint is the digest of what it was given
+        fingerprint, inputs = digest(args.shard_inputs), parse_shard_inputs(args.shard_inputs)
+    else:  # the canary: the stage fingerprint
+        fingerprint, inputs = args.fingerprint, None
+    done = run_shard_dir(runner_cls, env, args.shard_dir, shard_id=args.shard, fingerprint=fingerprint,
+                         log_path=args.log, batch_size=spec.get("batch_size"), progress=True, inputs=inputs,
                          allow_nonfinite=spec.get("allow_nonfinite") or ())
     print(f"shard {args.shard}: {done['items']} items in {done['end'] - done['start']:.2f} s", file=sys.stderr)
     return 0
-
-
-def _shard_inputs(shard_dir: Path, shard, fingerprint: str) -> dict | None:
-    """What the shard's fingerprint was made of (keys, records, audio digests), recorded in its done so that
-    `snakeshard status` can say what changed since; None for the canary or an out-of-step fingerprints file."""
-    from snakeshard.workflow import read_fingerprints
-
-    if shard == CANARY:
-        return None
-    record = read_fingerprints(shard_dir.parent)
-    if record is None or shard >= len(record["shards"]):
-        return None
-    entry = record["shards"][shard]
-    if entry.get("fingerprint") != fingerprint:
-        return None
-    return {"stage": record["stage"], **{k: entry[k] for k in ("keys", "records", "audio")}}
 
 
 def cmd_merge(args) -> int:
@@ -260,7 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--spec", required=True, help="stage run spec: a JSON file (spec.json beside plan.json)")
     sp.add_argument("--shard", type=_shard_id, required=True, help=f"shard number, or {CANARY!r} for the stage's canary job")
     sp.add_argument("--shard-dir", required=True)
-    sp.add_argument("--fingerprint", required=True)
+    given = sp.add_mutually_exclusive_group(required=True)
+    given.add_argument("--shard-inputs", help="a shard job: what its fingerprint digests (stage:keys:records:audio)")
+    given.add_argument("--fingerprint", help="the canary: the stage fingerprint")
     sp.add_argument("--log", help="this job's log file, named in error messages")
     sp.set_defaults(func=cmd_run_shard)
 

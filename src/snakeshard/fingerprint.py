@@ -104,8 +104,23 @@ def audio_identity(paths: list[str], stat_cache: dict) -> str:
     return digest("".join(parts))
 
 
+SHARD_INPUT_PARTS = ("stage", "keys", "records", "audio")
+
+
+def shard_inputs_text(stage_fp: str, shard_keys_digest: str, shard_records: str = "", shard_audio: str = "") -> str:
+    """What a shard's fingerprint is the digest of, as one shell-safe word (hex digests joined by ':').
+
+    The shard rule passes it to the job, which digests it and records the parts in its done, so
+    status can later say which part changed."""
+    return f"{stage_fp}:{shard_keys_digest}:{shard_records}:{shard_audio}"
+
+
+def parse_shard_inputs(text: str) -> dict[str, str]:
+    return dict(zip(SHARD_INPUT_PARTS, text.split(":")))
+
+
 def shard_fingerprint(stage_fp: str, shard_keys_digest: str, shard_records: str = "", shard_audio: str = "") -> str:
-    return digest(f"{stage_fp}:{shard_keys_digest}:{shard_records}:{shard_audio}")
+    return digest(shard_inputs_text(stage_fp, shard_keys_digest, shard_records, shard_audio))
 
 
 def inputs_digest(shard_fps: list[str]) -> str:

@@ -28,6 +28,7 @@ from snakeshard.errors import ConfigError
 from snakeshard.fingerprint import digest, keys_digest, keys_text
 
 PLAN_FORMAT = 2  # 2: per-shard record digests and audio_files.json
+AUDIO_FILES = "audio_files.json"  # beside plan.json: per shard, the audio files it reads
 DATASET_FILES = ("wav.scp", "segments", "utt2dur", "text", "utt2spk")
 
 
@@ -183,9 +184,6 @@ def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> di
     atomic_write_json(set_dir / AUDIO_FILES, shard_audio, fsync=False)
     atomic_write_json(plan_path, plan)  # last: a plan.json on disk means its other files are written
     return plan
-
-
-AUDIO_FILES = "audio_files.json"
 
 
 def read_audio_files(set_dir: str | os.PathLike) -> list[list[str]]:

@@ -17,7 +17,7 @@ from snakeshard.errors import ConfigError
 from snakeshard.data import JSONL_RECORD, KALDI_RECORD_FILES
 from snakeshard.errors import DataError
 from snakeshard.fingerprint import (audio_identity, digest, inputs_digest, keys_text, records_digest,
-                                    shard_fingerprint, stage_fingerprint)
+                                    shard_fingerprint, shard_inputs_text, stage_fingerprint)
 from snakeshard.plan import ensure_plan, read_audio_files, read_shard_keys
 
 # The canary's shard dir, beside the stage's dataset dirs (dataset names cannot start with "_").
@@ -286,7 +286,6 @@ class Workflow:
         self.out = output_dir(config)
         self.plans: dict[tuple[str, str], dict] = {}
         self.stage_fps: dict[tuple[str, str], str] = {}
-        self.shard_fps: dict[tuple[str, str], list[str]] = {}
         self.shard_inputs: dict[tuple[str, str], list[dict]] = {}
         self.inputs: dict[tuple[str, str], str] = {}
         self.canaries: dict[str, dict] = {}
@@ -323,8 +322,7 @@ class Workflow:
         self.plans[stage, ds] = plan
         self.stage_fps[stage, ds] = fp
         self.shard_inputs[stage, ds] = inputs
-        self.shard_fps[stage, ds] = [entry["fingerprint"] for entry in inputs]
-        self.inputs[stage, ds] = inputs_digest(self.shard_fps[stage, ds])
+        self.inputs[stage, ds] = inputs_digest([entry["fingerprint"] for entry in inputs])
         record = {"stage": fp, "inputs": self.inputs[stage, ds], "shards": inputs}
         write_if_changed(Path(base) / FINGERPRINTS_FILE, json.dumps(record, indent=0) + "\n")
 
@@ -358,6 +356,11 @@ class Workflow:
         canary_dir = f"{self.out}/{stage}/{CANARY_DIR}/{stage_fp}"
         write_if_changed(f"{canary_dir}/keys", keys_text(keys))
         return {"dir": canary_dir, "items": len(keys), "spec": f"{base}/spec.json", "fingerprint": stage_fp}
+
+    def shard_inputs_arg(self, stage: str, dataset: str, shard: int) -> str:
+        """The shard job's ``--inputs``: the text its fingerprint digests (see fingerprint.shard_inputs_text)."""
+        entry = self.shard_inputs[stage, dataset][shard]
+        return shard_inputs_text(self.stage_fps[stage, dataset], entry["keys"], entry["records"], entry["audio"])
 
     def num_shards(self, stage: str, dataset: str) -> int:
         return self.plans[stage, dataset]["num_shards"]

@@ -8,19 +8,19 @@ def _shard_rule_functions(stage):
     """Per-stage params and resources for the rule below (a loop variable in a lambda would bind late)."""
     res = SHARD_RESOURCES[stage]
 
-    def fingerprint(wildcards):
-        return WF.shard_fps[stage, wildcards.dataset][int(wildcards.shard)]
+    def inputs(wildcards):
+        return WF.shard_inputs_arg(stage, wildcards.dataset, int(wildcards.shard))
 
     def escalated(name):
         return lambda wildcards, attempt: res[name] * attempt
 
     resources = {name: res[name] for name in SLURM_PASSTHROUGH if name in res}  # unset ones stay unset
     resources.update(mem_mb=escalated("mem_mb"), runtime=escalated("runtime"), cpus_per_task=res["cpus_per_task"])
-    return fingerprint, resources
+    return inputs, resources
 
 
 for _stage in config["stages"]:
-    _fingerprint, _resources = _shard_rule_functions(_stage)
+    _inputs, _resources = _shard_rule_functions(_stage)
 
     rule:
         name:
@@ -33,8 +33,9 @@ for _stage in config["stages"]:
         log:
             f"{WF.out}/{_stage}/{{dataset}}/logs/split.{{shard}}.log",
         params:
-            # A changed fingerprint (config, model files, code, keys, their records or audio) reruns the shard.
-            fingerprint=_fingerprint,
+            # What the shard's fingerprint digests: a change (config, model files, code, keys, their
+            # records or audio) reruns the shard. The job digests it and records the parts in its done.
+            inputs=_inputs,
             set_dir=f"{WF.out}/{_stage}/{{dataset}}",
         conda:
             "../envs/snakeshard.yaml"
@@ -44,5 +45,5 @@ for _stage in config["stages"]:
             **_resources,
         shell:
             '"$SNAKESHARD_PYTHON" -m snakeshard run-shard --shard {wildcards.shard} --spec {params.set_dir}/spec.json'
-            " --shard-dir {params.set_dir}/split.{wildcards.shard} --fingerprint {params.fingerprint}"
+            " --shard-dir {params.set_dir}/split.{wildcards.shard} --shard-inputs {params.inputs}"
             " --log {log}"
