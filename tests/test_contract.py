@@ -147,10 +147,10 @@ class ReturnsNewline(BaseRunner):
         return {"text": "two\nlines" if key == "k2" else key}
 
 
-class ReturnsList(BaseRunner):
+class ReturnsSet(BaseRunner):
     @staticmethod
     def forward(key):
-        return {"scores": [1, 2]}
+        return {"scores": {1, 2}}
 
 
 class ReturnsDoneField(BaseRunner):
@@ -396,11 +396,11 @@ def test_forward_exception_deep_in_a_slice_names_that_item(tmp_path):
     (ReturnsString, r"item 'k0': forward returned str, expected a dict of fields"),
     (ReturnsOtherKey, r"item 'k0': forward returned a result for key 'zzz'"),
     (ReturnsNewline, r"item 'k2'.*field 'text' holds a newline"),
-    (ReturnsList, r"item 'k0'.*field 'scores' is a list"),
+    (ReturnsSet, r"item 'k0'.*field 'scores' is a set; the default writers take"),
     (ReturnsDoneField, r"item 'k0'.*result field 'done' cannot be used as a file name"),
 ])
 def test_bad_forward_results(runner_cls, message, tmp_path):
-    """forward returns a non-dict, another key, a newline, a list value or a 'done' field: ShardError naming the item; no done."""
+    """forward returns a non-dict, another key, a newline, a set value or a 'done' field: ShardError naming the item; no done."""
     with pytest.raises(ShardError, match=message):
         runner_cls(DictProvider({}), output_dir=tmp_path)(KEYS)
     assert not (tmp_path / "done").exists()

@@ -24,6 +24,33 @@ class UpperRunner(BaseRunner):
         return {"text": f"{key.upper()} words"}
 
 
+class LineWriter:
+    """A custom writer (no field metadata): the merge checks its fragment line by line.
+    ``reverse`` writes the shard's lines last key first, as an unordered device pool would."""
+
+    def __init__(self, shard_dir: Path, reverse: bool = False):
+        self.path, self.reverse, self.lines = shard_dir / "text", reverse, []
+
+    def write(self, result):
+        self.lines.append(f"{result['key']} {result['text']}\n")
+
+    def close(self):
+        self.path.write_text("".join(reversed(self.lines) if self.reverse else self.lines))
+        return ["text"]
+
+
+class LineRunner(UpperRunner):
+    @staticmethod
+    def open_writers(shard_dir, **env):
+        return LineWriter(shard_dir)
+
+
+class ReversedLineRunner(UpperRunner):
+    @staticmethod
+    def open_writers(shard_dir, **env):
+        return LineWriter(shard_dir, reverse=True)
+
+
 class ScpRunner(BaseRunner):
     """Writes ``feats.scp`` (a path per key, from env) next to ``text``."""
 
@@ -77,19 +104,31 @@ def test_happy_path_concatenates_in_shard_order(tmp_path):
     assert json.loads((set_dir / "merged.json").read_text()) == record == {
         "items": 10, "shards": 3, "fingerprint": STAGE_FP,
         "inputs": inputs_digest([shard_fingerprint(STAGE_FP, s["keys_digest"]) for s in plan["shards"]]),
-        "files": ["text"]}
+        "files": ["text", "fields.json"]}
+    assert json.loads((set_dir / "fields.json").read_text()) == {"text": {"format": "text", "index": "text"}}
 
 
-def test_merge_accepts_reordered_fragment(tmp_path):
-    """A fragment holding its shard's keys in another order (e.g. a device pool): merged as written."""
+def test_merge_puts_a_reordered_fragment_in_plan_order(tmp_path):
+    """A custom writer that writes its shard's keys in another order (e.g. an unordered pool): the merged
+    text is in plan order all the same."""
+    set_dir, plan = make_set(tmp_path, ReversedLineRunner)
+    assert (set_dir / "split.1/text").read_text().splitlines() != sorted((set_dir / "split.1/text").read_text().splitlines())
+    merge_set(set_dir, plan, STAGE_FP, ReversedLineRunner)
+    assert (set_dir / "text").read_text() == "".join(f"{k} {k.upper()} words\n" for k in KEYS)
+
+
+@pytest.mark.parametrize("edit, what", [
+    (lambda lines: lines + lines[:1], "bytes, not the"),  # a duplicated line
+    (lambda lines: [lines[1], lines[0], *lines[2:]], "its content changed since its shard wrote it"),  # same size
+])
+def test_refuses_default_fragment_changed_after_its_shard(tmp_path, edit, what):
+    """A default writer's fragment edited after its shard checked it (a line added; two lines swapped, same
+    size): MergeError naming the file, what differs from done's record, and the command that reruns the shard."""
     set_dir, plan = make_set(tmp_path)
-    frag = set_dir / "split.1/text"
-    lines = frag.read_text().splitlines(keepends=True)
-    frag.write_text("".join(reversed(lines)))
-    merge_set(set_dir, plan, STAGE_FP, UpperRunner)
-    parts = [(set_dir / f"split.{n}/text").read_text() for n in range(3)]
-    assert parts[1] == "".join(reversed(lines))
-    assert (set_dir / "text").read_text() == "".join(parts)
+    edit_fragment(set_dir / "split.1/text", edit)
+    msg = refuse(set_dir, plan)
+    assert f"{set_dir}/split.1/text: " in msg and what in msg
+    assert f"--forcerun {set_dir}/split.1/done" in msg
 
 
 def test_refuses_missing_done(tmp_path):
@@ -139,38 +178,38 @@ def edit_fragment(path: Path, edit) -> None:
 
 
 def test_refuses_fragment_with_duplicate_key(tmp_path):
-    """split.1/text repeats its first line: MergeError naming split.1/text and the duplicated key."""
-    set_dir, plan = make_set(tmp_path)
+    """A custom writer's split.1/text repeats its first line: MergeError naming split.1/text and the duplicated key."""
+    set_dir, plan = make_set(tmp_path, LineRunner)
     edit_fragment(set_dir / "split.1/text", lambda lines: lines + lines[:1])
     first = read_shard_keys(set_dir / "split.1")[0]
-    msg = refuse(set_dir, plan)
+    msg = refuse(set_dir, plan, LineRunner)
     assert f"{set_dir}/split.1/text: duplicate key(s) [{first!r}]" in msg
 
 
 def test_refuses_fragment_missing_a_key(tmp_path):
-    """split.2/text lost its last line: MergeError naming split.2/text and the missing key."""
-    set_dir, plan = make_set(tmp_path)
+    """A custom writer's split.2/text lost its last line: MergeError naming split.2/text and the missing key."""
+    set_dir, plan = make_set(tmp_path, LineRunner)
     edit_fragment(set_dir / "split.2/text", lambda lines: lines[:-1])
-    msg = refuse(set_dir, plan)
+    msg = refuse(set_dir, plan, LineRunner)
     assert f"{set_dir}/split.2/text: missing key(s) ['utt09'] of 1" in msg
 
 
 def test_refuses_fragment_with_unplanned_line(tmp_path):
-    """A value with a newline written by hand into split.0/text: MergeError naming the file and the bogus 'key'."""
-    set_dir, plan = make_set(tmp_path)
+    """A value with a newline written by hand into a custom writer's split.0/text: MergeError naming the file and the bogus 'key'."""
+    set_dir, plan = make_set(tmp_path, LineRunner)
     edit_fragment(set_dir / "split.0/text",
                   lambda lines: [line.replace("UTT01 words", "UTT01\nsecond line") for line in lines])
-    msg = refuse(set_dir, plan)
+    msg = refuse(set_dir, plan, LineRunner)
     assert f"{set_dir}/split.0/text: line(s) with unplanned key(s) ['second']" in msg
     assert "newline" in msg
 
 
 def test_refuses_truncated_fragment(tmp_path):
-    """split.1/text cut mid-line (no final newline): MergeError naming the file as not newline-terminated."""
-    set_dir, plan = make_set(tmp_path)
+    """A custom writer's split.1/text cut mid-line (no final newline): MergeError naming the file as not newline-terminated."""
+    set_dir, plan = make_set(tmp_path, LineRunner)
     frag = set_dir / "split.1/text"
     frag.write_bytes(frag.read_bytes()[:-4])
-    msg = refuse(set_dir, plan)
+    msg = refuse(set_dir, plan, LineRunner)
     assert f"{set_dir}/split.1/text: last line is not newline-terminated" in msg
     assert not (set_dir / "text").exists()
 
@@ -201,7 +240,7 @@ def test_scp_fragment_paths_are_checked(tmp_path, monkeypatch):
 
     Path("feats/gone.npy").write_bytes(b"x")
     record = merge_set(set_dir, plan, STAGE_FP, ScpRunner)
-    assert record["files"] == ["feats.scp", "text"] or record["files"] == ["text", "feats.scp"]
+    assert sorted(record["files"]) == ["feats.scp", "fields.json", "text"]
     # merged scp paths are absolute (relative ones are taken from the working directory)
     assert (set_dir / "feats.scp").read_text() == "".join(f"{k} {tmp_path}/{paths[k]}\n" for k in KEYS)
 

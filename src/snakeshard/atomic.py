@@ -9,7 +9,11 @@ from pathlib import Path
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> None:
-    """Write ``text`` to a temp file beside ``path`` and rename it into place.
+    atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = True) -> None:
+    """Write ``data`` to a temp file beside ``path`` and rename it into place.
 
     A kill -9 at any point leaves either the old file or the new one, never a
     truncated one. ``fsync`` also survives power loss; skip it for files that can
@@ -21,8 +25,8 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, fsync: bool = True)
         # mkstemp creates 0600; give the file the mode a plain open() would (0666 less the umask),
         # so teammates on a shared filesystem can read results.
         os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())

@@ -16,18 +16,14 @@ Kept compatible in spirit with ESPnet3's parallel runner:
 from __future__ import annotations
 
 import inspect
-import math
-import os
-from operator import itemgetter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from snakeshard.errors import ContractError
+from snakeshard.writers import FieldWriters
 
 # Names the shard loop passes to hooks itself; an env entry with one of these names would clash.
 RESERVED_ENV_NAMES = frozenset({"shard_dir", "writers", "result", "state"})
-SCALAR_TYPES = (str, int, float, bool)
-_PLAIN_TYPES = frozenset(SCALAR_TYPES)  # exact types whose f-string is str(value)
 
 
 class EnvironmentProvider:
@@ -67,82 +63,6 @@ class InferenceProvider(EnvironmentProvider):
         raise NotImplementedError(f"{type(self).__name__} must implement build_env()")
 
 
-class FieldWriters:
-    """Default writers: one Kaldi-style ``key value`` text file per scalar result field.
-
-    A NaN or infinite float fails its item (naming key and field) unless the field is in
-    ``allow_nonfinite`` (the stage's config; the shard loop sets it). ``close`` fsyncs every file,
-    so a ``done`` that survives a power loss never points at fragments that did not.
-    """
-
-    allow_nonfinite: frozenset = frozenset()
-
-    def __init__(self, shard_dir: Path):
-        self.shard_dir = Path(shard_dir)
-        self.files: dict[str, Any] = {}
-
-    def _open(self, name: str, key: str):
-        if "/" in name or name in ("keys", "done") or name.startswith("."):
-            raise ContractError(f"item {key!r}: result field {name!r} cannot be used as a file name")
-        f = open(self.shard_dir / name, "w", encoding="utf-8")
-        self.files[name] = f
-        return f
-
-    def write(self, result: dict) -> None:
-        key = result["key"]
-        files = self.files
-        for name, value in result.items():
-            if name == "key":
-                continue
-            if type(value) is not str:
-                if not isinstance(value, SCALAR_TYPES):
-                    raise ContractError(
-                        f"item {key!r}: field {name!r} is a {type(value).__name__}; the default writer "
-                        "takes str/int/float/bool (override write_record for other types)"
-                    )
-                if type(value) is float and not math.isfinite(value) and name not in self.allow_nonfinite:
-                    raise ContractError(f"item {key!r}: field {name!r} is {value}; list the field under the "
-                                        "stage's allow_nonfinite if that is a valid result")
-                value = str(value)
-            if "\n" in value:
-                raise ContractError(f"item {key!r}: field {name!r} holds a newline, which would break the {name} file")
-            (files.get(name) or self._open(name, key)).write(f"{key} {value}\n")
-
-    def write_many(self, keys: list[str], results: list) -> bool:
-        """Write a slice of results in one go when all are plain: dicts with the same scalar fields,
-        no ``key`` field, no newline. Returns False, having written nothing, for anything else
-        (the caller then goes item by item, which writes or raises the precise error)."""
-        try:
-            names = list(results[0])
-            if "key" in names or sum(map(len, results)) != len(names) * len(results):
-                return False
-            columns = [list(map(itemgetter(name), results)) for name in names]
-        except (TypeError, KeyError, IndexError):  # not mappings, or same field count with other names
-            return False
-        blocks = []
-        for name, values in zip(names, columns):
-            types = set(map(type, values))
-            if not types <= _PLAIN_TYPES:
-                return False
-            if float in types and name not in self.allow_nonfinite and not all(
-                    math.isfinite(v) for v in values if type(v) is float):
-                return False  # a NaN or inf: the item-by-item path names it
-            text = "".join([f"{k} {v}\n" for k, v in zip(keys, values)])
-            if text.count("\n") != len(keys):  # a value held a newline
-                return False
-            blocks.append((name, text))
-        for name, text in blocks:
-            (self.files.get(name) or self._open(name, keys[0])).write(text)
-        return True
-
-    def close(self) -> list[str]:
-        for f in self.files.values():
-            f.flush()
-            os.fsync(f.fileno())
-            f.close()
-        return sorted(self.files)
-
-
 class BaseRunner:
     """Subclass, set ``forward`` as a ``@staticmethod``; optionally override the hooks.
 
@@ -151,23 +71,35 @@ class BaseRunner:
     returns the list of results instead of writing files.
     """
 
-    batch_size: int | None = None  # None: forward gets one key; N: lists of up to N keys
+    # Batching: None -> forward gets one key; batch_size N -> lists of up to N keys; batch_seconds S ->
+    # lists of up to S seconds of audio (item_length), at most batch_size keys if both are set.
+    # sort_by_length groups keys of similar length (outputs are still written in plan order).
+    batch_size: int | None = None
+    batch_seconds: float | None = None
+    sort_by_length: bool = False
     # Without output_dir, the in-process call returns results and runs no writer hooks
     # and no finalize_state (there is no shard dir to write into).
 
     def __init__(self, provider: EnvironmentProvider, *, output_dir=None, batch_size: int | None = None,
-                 progress: bool = False):
+                 batch_seconds: float | None = None, sort_by_length: bool | None = None,
+                 outputs: dict | None = None, progress: bool = False):
+        cls = type(self)
         self.provider = provider
         self.output_dir = output_dir
-        self.batch_size = batch_size if batch_size is not None else type(self).batch_size
+        self.batching = {
+            "batch_size": batch_size if batch_size is not None else cls.batch_size,
+            "batch_seconds": batch_seconds if batch_seconds is not None else cls.batch_seconds,
+            "sort_by_length": sort_by_length if sort_by_length is not None else cls.sort_by_length,
+        }
+        self.outputs = outputs or {}
         self.progress = progress
 
     def __call__(self, keys: list[str]):
         from snakeshard.shard import run_shard
 
         env = self.provider.build_env_local()
-        return run_shard(type(self), env, list(keys), self.output_dir, batch_size=self.batch_size,
-                         progress=self.progress)
+        return run_shard(type(self), env, list(keys), self.output_dir, progress=self.progress,
+                         outputs=self.outputs, **self.batching)
 
     @staticmethod
     def forward(idx_or_batch, **env):
@@ -186,6 +118,16 @@ class BaseRunner:
     def finalize_state(state, shard_dir, **env) -> None:
         """Write the shard's accumulated state (e.g. stats) into ``shard_dir``."""
 
+    @staticmethod
+    def item_length(key, **env) -> float:
+        """A key's length for ``batch_seconds`` and ``sort_by_length``: by default its audio seconds
+        from ``env["dataset"]`` (``duration(key)``: the dataset's durations, else the audio header)."""
+        dataset = env.get("dataset")
+        if not hasattr(dataset, "duration"):
+            raise ContractError("batch_seconds and sort_by_length need each key's length: give the env a "
+                                "'dataset' from snakeshard.data.load_dataset, or override item_length(key, **env)")
+        return dataset.duration(key)
+
     # -- writer hooks --
     @staticmethod
     def open_writers(shard_dir, **env):
@@ -197,7 +139,8 @@ class BaseRunner:
 
     @staticmethod
     def close_writers(writers, state, **env) -> list[str]:
-        """Close writers; return the names of per-key ``key value`` files the merge concatenates."""
+        """Close writers; return the names of the per-key index files the merge concatenates
+        (``key value`` text, ``key path`` scp, ``{"key": ...}`` JSON Lines: one line per key)."""
         return writers.close()
 
     @classmethod

@@ -16,13 +16,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import zlib
 from pathlib import Path
 
-from snakeshard.atomic import atomic_write_json, atomic_write_text
+from snakeshard.atomic import atomic_write_bytes, atomic_write_json
 from snakeshard.errors import MergeError, SnakeshardError
 from snakeshard.plan import read_shard_keys
 
 MAX_LISTED = 5
+FIELDS_FILE = "fields.json"  # beside the merged files: per field, its format and index file
+SHARD_ONLY_META = ("lines", "bytes", "crc32", "ark", "dir")  # per-shard parts of a field's meta
 _ARK_OFFSET = re.compile(r":\d+(\[[^\]]*\])?$")  # kaldiio's "file.ark:123" (optionally "[0:10]")
 
 
@@ -84,10 +87,11 @@ def check_shards(set_dir: Path, plan: dict, shard_fps: list[str]) -> list[Path]:
     return shard_dirs
 
 
-def _check_fragment_keys(lines: list[str], keys: list[str], where: str) -> None:
+def _in_plan_order(lines: list[str], keys: list[str], where: str) -> list[str]:
+    """``lines`` (``key ...``) in the order of ``keys``, after checking each key is there exactly once."""
     got = [line.split(" ", 1)[0] for line in lines]
     if got == keys:
-        return
+        return lines
     seen = set()
     dupes = [k for k in got if k in seen or seen.add(k)]
     if dupes:
@@ -100,7 +104,9 @@ def _check_fragment_keys(lines: list[str], keys: list[str], where: str) -> None:
     missing = [k for k in keys if k not in seen]
     if missing:
         raise MergeError(f"{where}: missing key(s) {missing[:MAX_LISTED]} of {len(missing)}")
-    # same keys, another order (e.g. an unordered device pool): accepted, order kept as written
+    # same keys, another order (a custom writer, an unordered pool): merged outputs follow the plan
+    by_key = dict(zip(got, lines))
+    return [by_key[k] for k in keys]
 
 
 def _absolute_scp(lines: list[str], where: str) -> str:
@@ -127,30 +133,113 @@ def _absolute_scp(lines: list[str], where: str) -> str:
 
 
 def merge_fragments(shard_dirs: list[Path], output_dir: Path) -> list[str]:
-    """Concatenate each per-key fragment named in the shards' ``done`` files, in shard order."""
+    """Concatenate each per-key index file named in the shards' ``done`` files, in shard order.
+
+    Fields written by the default writers (``done["fields"]``) were checked in their shard (every key
+    exactly once, in plan order); here each index must still be byte for byte what was checked (size
+    and CRC-32), the files it points at must exist, and a sample of ark records must read. Other
+    fragments (custom writers) are checked line by line. Writes ``fields.json`` (what each field is).
+    """
     dones = [read_done(d) for d in shard_dirs]
     names: list[str] = []
     for done in dones:
         for name in done.get("fragments", []):
             if name not in names:
                 names.append(name)
-    shard_keys = [read_shard_keys(d) for d in shard_dirs]
+    fields = _merged_fields(shard_dirs, dones)
+    # A text field named like an scp file holds paths the user wrote: it takes the path checks below.
+    by_index = {meta["index"]: field for field, meta in fields.items()
+                if not (meta["format"] == "text" and field.endswith(".scp"))}
+    shard_keys = None
     for name in names:
-        parts = []
-        for shard_dir, keys in zip(shard_dirs, shard_keys):
-            where = f"{shard_dir}/{name}"
-            try:
-                text = (shard_dir / name).read_text(encoding="utf-8")
-            except FileNotFoundError:
-                raise MergeError(f"{where}: fragment missing (other shards wrote {name!r})") from None
-            lines = text.split("\n")
-            if lines[-1] != "":
-                raise MergeError(f"{where}: last line is not newline-terminated (truncated write?)")
-            lines.pop()
-            _check_fragment_keys(lines, keys, where)
-            parts.append(_absolute_scp(lines, where) if name.endswith(".scp") else text)
-        atomic_write_text(Path(output_dir) / name, "".join(parts))
+        if name in by_index:
+            data = b"".join(_checked_index(d, done, by_index[name]) for d, done in zip(shard_dirs, dones))
+        else:
+            shard_keys = shard_keys or [read_shard_keys(d) for d in shard_dirs]
+            data = "".join(_checked_lines(d, name, keys) for d, keys in zip(shard_dirs, shard_keys)).encode()
+        atomic_write_bytes(Path(output_dir) / name, data)
+    if fields:
+        atomic_write_json(Path(output_dir) / FIELDS_FILE, fields)
+        names.append(FIELDS_FILE)
     return names
+
+
+def _merged_fields(shard_dirs: list[Path], dones: list[dict]) -> dict:
+    """Field -> {format, index, options} over all shards; shards must agree on each field's format."""
+    fields: dict[str, dict] = {}
+    first: dict[str, Path] = {}
+    for shard_dir, done in zip(shard_dirs, dones):
+        for field, meta in (done.get("fields") or {}).items():
+            public = {k: v for k, v in meta.items() if k not in SHARD_ONLY_META}
+            if field not in fields:
+                fields[field], first[field] = public, shard_dir
+            elif fields[field] != public:
+                raise MergeError(f"field {field!r} is {public} in {shard_dir} but {fields[field]} in {first[field]}: "
+                                 "a field must have one type and format in every shard (its first key decides)")
+    for shard_dir, done in zip(shard_dirs, dones):
+        missing = sorted(set(fields) - set(done.get("fields") or {}))
+        if missing:
+            raise MergeError(f"{shard_dir}: no field {missing[0]!r}, which {first[missing[0]]} wrote")
+    return fields
+
+
+def _checked_index(shard_dir: Path, done: dict, field: str) -> bytes:
+    """A default writer's index fragment, after checking it is what its shard wrote and points at real files."""
+    meta = done["fields"][field]
+    path = shard_dir / meta["index"]
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise MergeError(f"{path}: fragment missing (its done lists it)") from None
+    if len(data) != meta["bytes"]:
+        changed = f"{len(data)} bytes, not the {meta['bytes']} bytes its shard wrote"
+    elif zlib.crc32(data) != meta["crc32"]:
+        changed = "its content changed since its shard wrote it (its CRC-32 is not the one in done)"
+    else:
+        changed = None
+    if changed:
+        raise MergeError(f"{path}: {changed}: rerun the shard: {rerun_command(shard_dir / 'done')}")
+    if "ark" in meta:
+        _check_ark_sample(path, data, meta["ark"])
+    elif "dir" in meta:
+        for line in data.decode("utf-8").splitlines():
+            key, _, file = line.partition(" ")
+            if not os.path.exists(file):
+                raise MergeError(f"{path}: key {key!r} points at {file}, which does not exist")
+    return data
+
+
+def _check_ark_sample(index: Path, data: bytes, ark: str) -> None:
+    """The ark exists, and its first, middle and last records read (kaldiio) at their recorded offsets."""
+    import kaldiio
+
+    if not os.path.exists(ark):
+        raise MergeError(f"{index}: its ark {ark} does not exist")
+    lines = data.split(b"\n")[:-1]
+    for line in {lines[0], lines[len(lines) // 2], lines[-1]} if lines else ():
+        key, _, value = line.decode("utf-8").partition(" ")
+        try:
+            kaldiio.load_mat(value)
+        except Exception as e:  # kaldiio raises ValueError, struct.error, EOFError, ... on a bad offset
+            raise MergeError(f"{index}: key {key!r}: no readable record at {value} ({type(e).__name__}: {e}): "
+                             f"rerun the shard: {rerun_command(index.parent / 'done')}") from None
+
+
+def _checked_lines(shard_dir: Path, name: str, keys: list[str]) -> str:
+    """A fragment no default writer checked: every planned key exactly once, in plan order; scp paths made absolute."""
+    where = f"{shard_dir}/{name}"
+    try:
+        text = (shard_dir / name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MergeError(f"{where}: fragment missing (other shards wrote {name!r})") from None
+    lines = text.split("\n")
+    if lines[-1] != "":
+        raise MergeError(f"{where}: last line is not newline-terminated (truncated write?)")
+    lines.pop()
+    lines = _in_plan_order(lines, keys, where)
+    if name.endswith(".scp"):
+        return _absolute_scp(lines, where)
+    return "".join(line + "\n" for line in lines)
 
 
 def merge_set(set_dir: Path, plan: dict, fingerprints: dict, runner_cls) -> dict:

@@ -65,6 +65,31 @@ def _progress_bar(total: int, enabled: bool, desc: str):
     return tqdm(total=total, desc=desc, mininterval=interval, file=sys.stderr, unit="item")
 
 
+def _plan_batches(runner_cls, env, keys, batch_size, batch_seconds, sort_by_length, where):
+    """The shard's batches (index lists, see batch.plan_batches), or None without batching.
+    Prints how much of the batched length is padding, the figure that says whether sorting pays."""
+    if not (batch_size or batch_seconds):
+        return None
+    from snakeshard.batch import padding_ratio, plan_batches
+
+    if batch_seconds or sort_by_length:
+        lengths = []
+        for key in keys:
+            try:
+                lengths.append(float(runner_cls.item_length(key, **env)))
+            except SnakeshardError as e:
+                raise ShardError(f"{where}: item {key!r}: its length for batching: {e}") from None
+    else:
+        lengths = [1.0] * len(keys)
+    batches = plan_batches(lengths, batch_size=batch_size, batch_seconds=batch_seconds,
+                           sort_by_length=sort_by_length)
+    how = ", ".join(f"{k} {v}" for k, v in (("batch_size", batch_size), ("batch_seconds", batch_seconds)) if v)
+    print(f"{where}: {len(keys)} items in {len(batches)} batches ({how}"
+          f"{', sorted by length' if sort_by_length else ''}); padding "
+          f"{100 * padding_ratio(lengths, batches):.1f}% of the batched length", file=sys.stderr)
+    return batches
+
+
 def run_shard_dir(runner_cls, env: dict, shard_dir, **options):
     """The shard job's path: run over ``shard_dir/keys``, digesting the file's bytes as read.
 
@@ -76,14 +101,16 @@ def run_shard_dir(runner_cls, env: dict, shard_dir, **options):
 
 def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: int = 0,
               fingerprint: str | None = None, log_path: str | None = None,
-              batch_size: int | None = None, progress: bool = True, keys_digest: str | None = None,
-              inputs: dict | None = None, allow_nonfinite=()):
+              batch_size: int | None = None, batch_seconds: float | None = None, sort_by_length: bool = False,
+              progress: bool = True, keys_digest: str | None = None, inputs: dict | None = None,
+              allow_nonfinite=(), outputs: dict | None = None):
     """Run ``runner_cls`` over ``keys``; write fragments and ``done`` into ``shard_dir``.
 
-    With ``shard_dir=None`` nothing is written and the list of results is returned.
+    With ``shard_dir=None`` nothing is written and the list of results is returned (in plan order).
     Otherwise returns the ``done`` record. ``inputs`` (what ``fingerprint`` was made of) is
-    recorded in ``done`` so status can say what changed; ``allow_nonfinite`` names result
-    fields the default writers accept NaN/inf in.
+    recorded in ``done`` so status can say what changed. ``allow_nonfinite`` names result fields the
+    default writers accept NaN/inf in, ``outputs`` their format overrides (see writers.py).
+    With ``batch_size`` or ``batch_seconds``, forward gets lists of keys (see batch.plan_batches).
     """
     where = f"shard {shard_id}" + (f" (log: {log_path})" if log_path else "")
     kwargs = injected_kwargs(runner_cls, env)
@@ -96,8 +123,11 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
 
     state = runner_cls.init_state(**env)
     writers = None if collect else runner_cls.open_writers(shard_dir, **env)
+    batches = _plan_batches(runner_cls, env, keys, batch_size, batch_seconds, sort_by_length, where)
     if isinstance(writers, FieldWriters):
         writers.allow_nonfinite = frozenset(allow_nonfinite)
+        writers.outputs = outputs or {}
+        writers.order = keys  # checked at close: every field holds every key, indexed in plan order
     reduce_state = runner_cls.reduce_state if overrides(runner_cls, "reduce_state") else None
     custom_write = overrides(runner_cls, "write_record")
     # The bulk path: default writers, nothing else to call per item.
@@ -120,21 +150,22 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
             writers.write(result)
 
     bar = _progress_bar(len(keys), progress, f"shard {shard_id}")
-    size = batch_size or 1
+    size = 1
     current = None
+    next_key, next_batch = 0, 0
     try:
-        i = 0
-        while i < len(keys):
-            chunk = keys[i:i + size]
+        while next_key < len(keys):
             t0 = time.perf_counter()
-            if batch_size:
-                current = chunk
+            if batches is not None:  # one call per planned batch
+                chunk = current = [keys[j] for j in batches[next_batch]]
+                next_batch += 1
                 out = call(chunk)
                 if not isinstance(out, (list, tuple)) or len(out) != len(chunk):
                     got = len(out) if isinstance(out, (list, tuple)) else type(out).__name__
                     raise ShardError(f"{where}: batch {chunk[0]!r}..{chunk[-1]!r}: forward returned {got} "
                                      f"results for {len(chunk)} keys")
-            else:
+            else:  # one call per key, over a slice of keys
+                chunk = keys[next_key:next_key + size]
                 out = []
                 current = chunk[0]
                 # list.extend keeps what map produced before an exception, so the failing key is chunk[len(out)]
@@ -143,15 +174,15 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
                 except Exception:
                     current = chunk[len(out)]
                     raise
+            next_key += len(chunk)
             # write_many declines (returns False) anything unusual; per-item handling then
             # writes it or raises the precise error.
             if write_many is None or not write_many(chunk, out):
                 for key, result in zip(chunk, out):
                     handle(result, key)
-            i += len(chunk)
             if bar is not None:
                 bar.update(len(chunk))
-            if write_many is not None and not batch_size:  # custom hooks keep forward/write interleaved
+            if write_many is not None and batches is None:  # custom hooks keep forward/write interleaved
                 elapsed = time.perf_counter() - t0
                 if elapsed < FAST_SLICE_S:
                     size = min(size * 2, MAX_SLICE)
@@ -174,6 +205,9 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
             bar.close()
 
     if collect:  # nothing is written in-process without an output dir, finalize_state included
+        if sort_by_length:
+            position = {k: n for n, k in enumerate(keys)}
+            results.sort(key=lambda r: position[r["key"]])
         return results
     try:
         fragments = runner_cls.close_writers(writers, state, **env) or []
@@ -189,6 +223,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
         "fingerprint": fingerprint,
         "inputs": inputs,
         "fragments": list(fragments),
+        "fields": getattr(writers, "fields", None) if isinstance(writers, FieldWriters) else None,
         "start": round(started, 3),
         "end": round(time.time(), 3),
         "host": socket.gethostname(),

@@ -1,0 +1,421 @@
+"""The default writers: each result field lands in the format its values call for.
+
+A field's kind comes from the value the shard's first key returns for it; a later key
+returning another kind fails, naming key, field and both types.
+
+  kind     value                                   default format -> shard files
+  scalar   str, int, float, bool, numpy scalar     text  -> ``<field>``          ``key value`` lines
+  array    numpy array, torch tensor (to CPU)      ark   -> ``<field>.ark`` + ``<field>.scp`` (kaldiio)
+  audio    ``Audio(samples, sample_rate)``         wav   -> ``<field>/<key>.wav`` + ``<field>.scp`` (soundfile)
+  json     dict, list, tuple                       jsonl -> ``<field>.jsonl``: ``{"key": k, "value": v}`` per line
+
+A stage's ``outputs:`` config picks another format per field (``ark``, ``npy``, ``wav``, ``flac``,
+``jsonl``, ``text``) and its options (``subtype`` for wav/flac, ``compression_method`` for ark).
+The per-key *index* file of a field (``<field>``, ``<field>.scp``, ``<field>.jsonl``) holds one
+line per key, in plan order, and is what the merge concatenates; ``fields`` (recorded in the
+shard's ``done`` and the merged ``fields.json``) says what each field is, so nothing downstream guesses.
+
+Heavy libraries (numpy, kaldiio, soundfile) are imported on the first value that needs them:
+this module is imported at every Snakefile parse.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import zlib
+from dataclasses import dataclass
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
+
+from snakeshard.errors import ConfigError, ContractError
+
+SCALAR_TYPES = (str, int, float, bool)
+_PLAIN_TYPES = frozenset(SCALAR_TYPES)  # exact types whose f-string is str(value)
+DEFAULT_FORMAT = {"scalar": "text", "array": "ark", "audio": "wav", "json": "jsonl"}
+# Which kinds each format can hold (text takes a list of scalars as Kaldi's space-separated tokens).
+FORMAT_KINDS = {"text": {"scalar", "json"}, "jsonl": {"scalar", "json", "array"}, "ark": {"array"},
+                "npy": {"array"}, "wav": {"audio"}, "flac": {"audio"}}
+FORMAT_OPTIONS = {"ark": {"compression_method"}, "wav": {"subtype"}, "flac": {"subtype"}}
+# Names a field cannot take: files of the shard dir and of the merged set dir.
+RESERVED_NAMES = frozenset({"keys", "done", "fields.json", "merged.json", "plan.json", "spec.json",
+                            "fingerprints.json", "audio_files.json", "logs"})
+FIELD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+@dataclass
+class Audio:
+    """A waveform result: ``samples`` (numpy array or torch tensor, (frames,) or (frames, channels)) at
+    ``sample_rate`` Hz. Written as one audio file per key, indexed by a ``wav.scp``-style file."""
+
+    samples: Any
+    sample_rate: int
+
+
+def value_kind(value) -> str | None:
+    """scalar / array / audio / json, or None for a type no writer takes."""
+    t = type(value)
+    if t in _PLAIN_TYPES or isinstance(value, SCALAR_TYPES):
+        return "scalar"
+    if isinstance(value, Audio):
+        return "audio"
+    if isinstance(value, (dict, list, tuple)):
+        return "json"
+    module = t.__module__
+    if module == "numpy":
+        return "scalar" if getattr(value, "ndim", None) == 0 and t.__name__ != "ndarray" else "array"
+    if module.startswith("torch") and hasattr(value, "detach"):
+        return "array"
+    return None
+
+
+def to_numpy(value):
+    """A numpy array of ``value``: torch tensors are detached and moved to the CPU."""
+    import numpy as np
+
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def index_file(name: str, fmt: str) -> str:
+    """The per-key file a field's format writes (and the merge concatenates)."""
+    return {"text": name, "jsonl": f"{name}.jsonl"}.get(fmt, f"{name}.scp")
+
+
+def check_outputs_config(outputs: dict, where: str) -> None:
+    """``stages.X.outputs``: known formats, options that format takes, usable field names."""
+    for name, spec in (outputs or {}).items():
+        check_field_name(name, f"{where}.{name}")
+        fmt = spec.get("format")
+        if fmt is not None and fmt not in FORMAT_KINDS:
+            raise ConfigError(f"{where}.{name}.format: {fmt!r} is not one of {sorted(FORMAT_KINDS)}")
+        extra = sorted(set(spec) - {"format"} - FORMAT_OPTIONS.get(fmt, set()))
+        if extra:
+            takes = sorted(FORMAT_OPTIONS.get(fmt, set())) or "no options"
+            raise ConfigError(f"{where}.{name}.{extra[0]}: format {fmt!r} takes {takes}")
+
+
+def check_field_name(name: str, where: str) -> None:
+    if not FIELD_NAME.fullmatch(name) or name in RESERVED_NAMES:
+        raise ContractError(f"{where}: result field {name!r} cannot be used as a file name "
+                            f"(letters, digits, _ . -; not one of {sorted(RESERVED_NAMES)})")
+
+
+class _Field:
+    """One field's writer in one shard: appends in processing order, indexes in plan order at close."""
+
+    def __init__(self, shard_dir: Path, name: str, fmt: str, options: dict, allow_nonfinite: bool):
+        self.shard_dir, self.name, self.fmt, self.options = shard_dir, name, fmt, options
+        self.allow_nonfinite = allow_nonfinite
+        self.index_name = index_file(name, fmt)
+        self.index = open(shard_dir / self.index_name, "w", encoding="utf-8")
+        self.keys: list[str] = []  # in the order written
+
+    def meta(self) -> dict:
+        """What the merge needs to know: the format, the index file and a check of its bytes."""
+        raw = (self.shard_dir / self.index_name).read_bytes()
+        return {"format": self.fmt, "index": self.index_name, **self.options,
+                "lines": len(self.keys), "bytes": len(raw), "crc32": zlib.crc32(raw)}
+
+    def close(self, order: list[str]) -> None:
+        """Flush and fsync; make the index hold exactly the shard's keys (``order``), in that order."""
+        self.index.flush()
+        os.fsync(self.index.fileno())
+        self.index.close()
+        if self.keys != order:
+            missing = set(order).difference(self.keys)
+            if missing or len(self.keys) != len(order):
+                listed = [k for k in order if k in missing][:5]
+                raise ContractError(f"field {self.name!r} has values for {len(self.keys)} of the shard's "
+                                    f"{len(order)} keys (missing: {listed}): every key's result must hold "
+                                    "every field, or none of them")
+            self._reorder(order)
+
+    def _reorder(self, order: list[str]) -> None:
+        path = self.shard_dir / self.index_name
+        lines = dict(zip(self.keys, path.read_text(encoding="utf-8").splitlines(keepends=True)))
+        _rewrite(path, "".join(lines[k] for k in order))
+
+
+def _rewrite(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class TextField(_Field):
+    def write(self, key: str, value) -> None:
+        if isinstance(value, (list, tuple)):  # Kaldi's token lists: "key tok1 tok2"
+            value = " ".join(map(str, value))
+        elif type(value) is not str:
+            if hasattr(value, "item"):  # numpy scalar
+                value = value.item()
+            if type(value) is float and not (self.allow_nonfinite or math.isfinite(value)):
+                raise ContractError(f"item {key!r}: field {self.name!r} is {value}; list the field under the "
+                                    "stage's allow_nonfinite if that is a valid result")
+            value = str(value)
+        if "\n" in value:
+            raise ContractError(f"item {key!r}: field {self.name!r} holds a newline, which would break the "
+                                f"{self.name} file")
+        self.index.write(f"{key} {value}\n")
+        self.keys.append(key)
+
+
+def _json_default(value):
+    if hasattr(value, "tolist"):  # numpy scalars and arrays, torch tensors
+        return (value.detach().cpu() if hasattr(value, "detach") else value).tolist()
+    raise TypeError(f"a {type(value).__name__} is not JSON serialisable")
+
+
+class JsonlField(_Field):
+    def write(self, key: str, value) -> None:
+        try:
+            line = json.dumps({"key": key, "value": value}, ensure_ascii=False, allow_nan=self.allow_nonfinite,
+                              default=_json_default)
+        except ValueError:
+            raise ContractError(f"item {key!r}: field {self.name!r} holds a NaN or infinity; list the field under "
+                                "the stage's allow_nonfinite if that is a valid result") from None
+        except TypeError as e:
+            raise ContractError(f"item {key!r}: field {self.name!r}: {e}") from None
+        self.index.write(line + "\n")
+        self.keys.append(key)
+
+
+def check_finite(array, key: str, name: str) -> None:
+    """Refuse NaN and infinity in a float array (the sum is finite only if every element is)."""
+    import numpy as np
+
+    if array.dtype.kind in "fc" and array.size and not np.isfinite(array.sum()):
+        if not np.isfinite(array).all():  # not just an overflowing sum
+            bad = int(np.flatnonzero(~np.isfinite(array.ravel()))[0])
+            raise ContractError(f"item {key!r}: field {name!r} holds {array.ravel()[bad]} (flat index {bad}); "
+                                "list the field under the stage's allow_nonfinite if that is a valid result")
+
+
+class ArkField(_Field):
+    """Kaldi ark + scp through kaldiio. Records are appended as they come; if the shard processed keys
+    out of plan order, close copies each record's bytes (as kaldiio wrote them) into a new ark in plan
+    order, so the shard's files do not depend on the processing order."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.ark_path = (self.shard_dir / f"{self.name}.ark").absolute()
+        self.ark = open(self.ark_path, "wb")
+        self.spans: list[tuple[int, int]] = []  # (start, end) of each record, in written order
+        self.compression = self.options.get("compression_method")
+
+    def write(self, key: str, value) -> None:
+        import kaldiio
+
+        array = to_numpy(value)
+        if not self.allow_nonfinite:
+            check_finite(array, key, self.name)
+        start = self.ark.tell()
+        try:
+            kaldiio.save_ark(self.ark, {key: array}, compression_method=self.compression)
+        except (AssertionError, ValueError, TypeError) as e:
+            self.ark.seek(start)
+            self.ark.truncate()
+            raise ContractError(
+                f"item {key!r}: field {self.name!r} is a {array.dtype} array of shape {array.shape}: a Kaldi ark "
+                "holds float32/float64 vectors and matrices and int32 vectors (compressed: matrices only); cast "
+                f"it in forward, or set stages.<stage>.outputs.{self.name}.format: npy ({e or type(e).__name__})"
+            ) from None
+        self.spans.append((start, self.ark.tell()))
+        self.index.write(f"{key} {self.ark_path}:{start + len(key.encode()) + 1}\n")
+        self.keys.append(key)
+
+    def close(self, order):
+        self.ark.flush()
+        os.fsync(self.ark.fileno())
+        self.ark.close()
+        super().close(order)
+
+    def meta(self) -> dict:
+        return {**super().meta(), "ark": str(self.ark_path)}
+
+    def _reorder(self, order: list[str]) -> None:
+        span = dict(zip(self.keys, self.spans))
+        tmp = self.ark_path.with_name(f".{self.ark_path.name}.ordered")
+        index = []
+        with open(self.ark_path, "rb") as src, open(tmp, "wb") as dst:
+            for key in order:
+                start, end = span[key]
+                src.seek(start)
+                new_start = dst.tell()
+                dst.write(src.read(end - start))
+                index.append(f"{key} {self.ark_path}:{new_start + len(key.encode()) + 1}\n")
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(tmp, self.ark_path)
+        _rewrite(self.shard_dir / self.index_name, "".join(index))
+
+
+class _PerKeyFileField(_Field):
+    """One file per key under ``<field>/``, indexed by ``key /abs/path`` lines (wav.scp form)."""
+
+    suffix = ""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.dir = (self.shard_dir / self.name).absolute()
+        self.dir.mkdir()
+
+    def path_for(self, key: str) -> Path:
+        if "/" in key or key.startswith("."):
+            raise ContractError(f"item {key!r}: field {self.name!r} writes one file per key, and this key cannot "
+                                f"be a file name; use format ark or jsonl for it")
+        return self.dir / f"{key}{self.suffix}"
+
+    def write(self, key: str, value) -> None:
+        path = self.path_for(key)
+        self.write_file(path, key, value)
+        self.index.write(f"{key} {path}\n")
+        self.keys.append(key)
+
+    def close(self, order):
+        # One fsync per file: a done that survives a power loss must not point at lost audio.
+        for key in self.keys:
+            fd = os.open(self.dir / f"{key}{self.suffix}", os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        from snakeshard.atomic import fsync_dir
+
+        fsync_dir(self.dir)
+        super().close(order)
+
+    def meta(self) -> dict:
+        return {**super().meta(), "dir": str(self.dir)}
+
+
+class NpyField(_PerKeyFileField):
+    suffix = ".npy"
+
+    def write_file(self, path, key, value):
+        import numpy as np
+
+        array = to_numpy(value)
+        if not self.allow_nonfinite:
+            check_finite(array, key, self.name)
+        np.save(path, array, allow_pickle=False)
+
+
+class AudioField(_PerKeyFileField):
+    def __init__(self, *args):
+        self.suffix = "." + args[2]  # wav or flac
+        super().__init__(*args)
+
+    def write_file(self, path, key, value):
+        import soundfile
+
+        samples = to_numpy(value.samples)
+        if not self.allow_nonfinite:
+            check_finite(samples, key, self.name)
+        try:
+            soundfile.write(path, samples, int(value.sample_rate), subtype=self.options.get("subtype"),
+                            format=self.fmt.upper())
+        except (ValueError, TypeError, RuntimeError) as e:
+            raise ContractError(f"item {key!r}: field {self.name!r}: cannot write {samples.dtype} samples of shape "
+                                f"{samples.shape} at {value.sample_rate} Hz as {self.fmt}: {e}") from None
+
+
+FIELD_WRITERS = {"text": TextField, "jsonl": JsonlField, "ark": ArkField, "npy": NpyField,
+                 "wav": AudioField, "flac": AudioField}
+
+
+class FieldWriters:
+    """The default writers of a shard: one typed writer per result field (see the module doc).
+
+    The shard loop sets ``allow_nonfinite`` (fields that may hold NaN/inf), ``outputs`` (the stage's
+    format overrides) and ``order`` (the plan's keys, when it processes them in another order).
+    ``close`` checks that every field holds every key of ``order`` (the shard's keys) and writes each
+    index in that order; it fsyncs every file, so a ``done`` that survives a power loss never points at
+    fragments that did not, and leaves ``fields``: per field, its format, index file and a check of the
+    index's bytes (the merge trusts an index only while it is byte for byte what was checked here).
+    """
+
+    allow_nonfinite: frozenset = frozenset()
+    outputs: dict = {}
+    order: list[str] | None = None
+
+    def __init__(self, shard_dir: Path):
+        self.shard_dir = Path(shard_dir)
+        self.writers: dict[str, _Field] = {}
+        self.kinds: dict[str, str] = {}
+        self.fields: dict[str, dict] = {}
+
+    def _open(self, name: str, key: str, value, kind: str | None) -> _Field:
+        check_field_name(name, f"item {key!r}")
+        if kind is None:
+            raise ContractError(f"item {key!r}: field {name!r} is a {type(value).__name__}; the default writers "
+                                "take str/int/float/bool, numpy arrays, torch tensors, snakeshard.Audio, dicts and "
+                                "lists (override write_record for other types)")
+        options = dict(self.outputs.get(name) or {})
+        fmt = options.pop("format", None) or DEFAULT_FORMAT[kind]
+        if kind not in FORMAT_KINDS[fmt]:
+            raise ContractError(f"item {key!r}: field {name!r} is a {type(value).__name__}, which format {fmt!r} "
+                                f"(stages.<stage>.outputs.{name}.format) cannot hold")
+        self.kinds[name] = kind
+        writer = self.writers[name] = FIELD_WRITERS[fmt](self.shard_dir, name, fmt, options,
+                                                         name in self.allow_nonfinite)
+        return writer
+
+    def write(self, result: dict) -> None:
+        key = result["key"]
+        for name, value in result.items():
+            if name == "key":
+                continue
+            kind = value_kind(value)
+            writer = self.writers.get(name)
+            if writer is None:
+                writer = self._open(name, key, value, kind)
+            elif kind != self.kinds[name]:
+                raise ContractError(f"item {key!r}: field {name!r} is a {type(value).__name__} ({kind}), but earlier "
+                                    f"keys of this shard gave it {self.kinds[name]} values (a field keeps one type)")
+            writer.write(key, value)
+
+    def write_many(self, keys: list[str], results: list) -> bool:
+        """Write a slice of results in one go when all are plain: dicts with the same scalar fields,
+        already-open text writers or none, no ``key`` field, no newline. Returns False, having written
+        nothing, for anything else (the caller then goes item by item, which writes or raises the precise error)."""
+        try:
+            names = list(results[0])
+            if "key" in names or sum(map(len, results)) != len(names) * len(results):
+                return False
+            columns = [list(map(itemgetter(name), results)) for name in names]
+        except (TypeError, KeyError, IndexError):  # not mappings, or same field count with other names
+            return False
+        blocks = []
+        for name, values in zip(names, columns):
+            writer = self.writers.get(name)
+            if (writer is not None and type(writer) is not TextField) or name in self.outputs:
+                return False
+            types = set(map(type, values))
+            if not types <= _PLAIN_TYPES:
+                return False
+            if float in types and name not in self.allow_nonfinite and not all(
+                    math.isfinite(v) for v in values if type(v) is float):
+                return False  # a NaN or inf: the item-by-item path names it
+            text = "".join([f"{k} {v}\n" for k, v in zip(keys, values)])
+            if text.count("\n") != len(keys):  # a value held a newline
+                return False
+            blocks.append((name, text))
+        for name, text in blocks:
+            writer = self.writers.get(name) or self._open(name, keys[0], "", "scalar")
+            writer.index.write(text)
+            writer.keys.extend(keys)
+        return True
+
+    def close(self) -> list[str]:
+        """Close every field; returns the index files (what the merge concatenates)."""
+        for name, writer in self.writers.items():
+            writer.close(self.order if self.order is not None else writer.keys)
+            self.fields[name] = writer.meta()
+        return sorted(w.index_name for w in self.writers.values())
