@@ -100,7 +100,9 @@ def _run_shard(args, spec: dict) -> int:
     else:  # the canary: the stage fingerprint
         fingerprint, inputs = args.fingerprint, None
     done = run_shard_dir(runner_cls, env, args.shard_dir, shard_id=args.shard, fingerprint=fingerprint,
-                         log_path=args.log, batch_size=spec.get("batch_size"), progress=True, inputs=inputs,
+                         log_path=args.log, progress=True, inputs=inputs,
+                         batch_size=spec.get("batch_size"), batch_seconds=spec.get("batch_seconds"),
+                         sort_by_length=spec.get("sort_by_length", False), outputs=spec.get("outputs"),
                          allow_nonfinite=spec.get("allow_nonfinite") or ())
     print(f"shard {args.shard}: {done['items']} items in {done['end'] - done['start']:.2f} s", file=sys.stderr)
     return 0
@@ -136,7 +138,8 @@ def merged_state(set_dir: Path, inputs: str) -> str:
 
 # What a stale shard's done differs in, in the words status uses.
 STALE_CAUSES = {"keys": "its keys", "records": "its keys' records (wav.scp, segments, text, utt2spk or jsonl)",
-                "audio": "its audio files (size or mtime)", "stage": "the stage's config, model files or code"}
+                "audio": "its audio files (size or mtime)", "stage": "the stage's config, model files or code",
+                "upstream": "the upstream stage's merged output"}
 
 
 def shard_state(shard_dir: Path, log: Path, expected: dict) -> tuple[str, str]:

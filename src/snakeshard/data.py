@@ -9,6 +9,13 @@ A dataset spec is a dict: ``{"path": "data/demo", "format": "kaldi"}`` or
 "duration_field": "duration"}``. Relative paths are relative to the working
 directory (the workflow directory), as in Kaldi and ESPnet recipes. The shard
 job's spec adds ``sample_rate`` (the stage's) and ``max_segment_overshoot``.
+
+A chained dataset is another stage's merged output (``format: stage``, made by
+workflow.run_spec from ``{from_stage: fbank, dataset: demo}``): its keys, durations
+and audio are those of the upstream stage's dataset (``source``), and
+``load_dataset`` gives providers the upstream's fields as well (``load_array``,
+``load_audio(key, field)``, ``load_field``), after checking the merged output is
+current (``upstream_inputs``; a stale or missing one is refused).
 """
 
 from __future__ import annotations
@@ -184,8 +191,20 @@ def _read_jsonl(path: Path, spec: dict) -> list[Item]:
     return items
 
 
+STAGE_FORMAT = "stage"  # a chained dataset: another stage's merged output
+
+
+def source_spec(spec: dict) -> dict:
+    """The dataset a chained one comes from, through every link of the chain (a plain spec: itself)."""
+    while spec.get("format") == STAGE_FORMAT:
+        spec = spec["source"]
+    return spec
+
+
 def read_items(spec: dict) -> list[Item]:
-    """All items of a dataset in file order, validated: non-empty, unique keys without whitespace."""
+    """All items of a dataset in file order, validated: non-empty, unique keys without whitespace.
+    A chained dataset's items are those of its source dataset."""
+    spec = source_spec(spec)
     path = Path(spec["path"])
     fmt = spec.get("format", "kaldi")
     if not path.exists():
@@ -266,6 +285,13 @@ class KaldiDataset:
         item = self._items[key]
         return {"key": item.key, "audio": item.audio, **item.fields}
 
+    def duration(self, key: str) -> float:
+        """Seconds of the key's audio: from the dataset (segments, utt2dur, jsonl), else its header."""
+        item = self._items[key]
+        if item.seconds is None:
+            fill_durations([item])
+        return item.seconds
+
     def load_audio(self, key: str, dtype: str = "float32"):
         """(samples, sample_rate) of one item; segments are cut; Kaldi pipes are run.
 
@@ -279,9 +305,87 @@ class KaldiDataset:
         if item.audio is None:
             raise DataError(f"key {key!r} ({item.source}) has no audio")
         return read_item_audio(item, dtype=dtype, sample_rate=self.spec.get("sample_rate"),
-                               max_overshoot=float(self.spec.get("max_segment_overshoot", 0.0)))
+                               max_overshoot=float(source_spec(self.spec).get("max_segment_overshoot", 0.0)))
+
+
+class StageOutputDataset(KaldiDataset):
+    """A chained dataset: the upstream stage's dataset (keys, items, audio) plus its merged fields.
+
+    ``fields`` names them (the merged ``fields.json``); ``load_field(key, name)`` gives any of them as
+    its writer stored it: text as ``str``, JSON Lines as the value, ark/npy as a numpy array, wav/flac
+    as (samples, rate). Each field's index is read on first use, then kept.
+    """
+
+    def __init__(self, spec: dict):
+        from snakeshard.merge import FIELDS_FILE, require_current
+
+        super().__init__(spec)
+        self.set_dir = Path(spec["path"])
+        require_current(self.set_dir, spec.get("upstream_inputs"))
+        self.fields = json.loads((self.set_dir / FIELDS_FILE).read_text())
+        self._index: dict[str, dict] = {}
+
+    def _lookup(self, key: str, name: str, formats) -> tuple[str, str]:
+        meta = self.fields.get(name)
+        if meta is None:
+            raise DataError(f"{self.set_dir}: the upstream stage wrote no field {name!r} (it has {sorted(self.fields)})")
+        if formats and meta["format"] not in formats:
+            raise DataError(f"{self.set_dir}: field {name!r} is {meta['format']}, not one of {sorted(formats)}")
+        if name not in self._index:
+            index = self._index[name] = {}
+            path = self.set_dir / meta["index"]
+            for line_no, line in enumerate(read_text_lines(path), 1):
+                if meta["format"] == "jsonl":
+                    record = json.loads(line)
+                    index[record["key"]] = record["value"]
+                else:
+                    k, _, value = line.partition(" ")
+                    index[k] = value
+        try:
+            return meta["format"], self._index[name][key]
+        except KeyError:
+            raise DataError(f"{self.set_dir}/{meta['index']}: no key {key!r}") from None
+
+    def load_array(self, key: str, field: str):
+        """An ark or npy field's array for ``key`` (kaldiio, numpy)."""
+        fmt, value = self._lookup(key, field, ("ark", "npy"))
+        if fmt == "npy":
+            import numpy as np
+
+            return np.load(value, allow_pickle=False)
+        import kaldiio
+
+        return kaldiio.load_mat(value)
+
+    def load_audio(self, key: str, field: str | None = None, dtype: str = "float32"):
+        """(samples, rate) of ``field`` (a wav/flac field of the upstream). Without ``field``: the
+        upstream's ``wav`` field if it wrote one (its merged dir is then a Kaldi data dir), else the
+        source dataset's audio. A rate other than the stage's ``sample_rate`` is refused."""
+        if field is None and self.fields.get("wav", {}).get("format") in ("wav", "flac"):
+            field = "wav"
+        if field is None:
+            return super().load_audio(key, dtype=dtype)
+        import soundfile
+
+        _, path = self._lookup(key, field, ("wav", "flac"))
+        samples, rate = soundfile.read(path, dtype=dtype)
+        expected = self.spec.get("sample_rate")
+        if expected and rate != expected:
+            raise DataError(f"key {key!r}: {path} (field {field!r} of {self.set_dir}) is {rate} Hz, the stage "
+                            f"expects {expected} Hz (stages.<stage>.sample_rate)")
+        return samples, rate
+
+    def load_field(self, key: str, field: str):
+        fmt = self.fields.get(field, {}).get("format")
+        if fmt in ("ark", "npy"):
+            return self.load_array(key, field)
+        if fmt in ("wav", "flac"):
+            return self.load_audio(key, field)
+        return self._lookup(key, field, None)[1]
 
 
 def load_dataset(spec: dict) -> KaldiDataset:
     """The dataset named by a stage's dataset spec, for use in a provider."""
+    if spec.get("format") == STAGE_FORMAT:
+        return StageOutputDataset(spec)
     return KaldiDataset(spec)

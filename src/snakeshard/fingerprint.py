@@ -73,8 +73,10 @@ def stage_fingerprint(spec: dict, version: str, code: dict | None = None) -> str
         "runner": spec["runner"],
         "provider": spec["provider"],
         "provider_config": provider_config,
-        "batch_size": spec.get("batch_size", 1),
-        "dataset": spec.get("dataset"),
+        "batching": [spec.get("batch_size", 1), spec.get("batch_seconds"), spec.get("sort_by_length", False)],
+        "outputs": spec.get("outputs") or {},
+        # a chained dataset's upstream output counts per shard (shard_inputs_text), not here
+        "dataset": {k: v for k, v in (spec.get("dataset") or {}).items() if k != "upstream_inputs"},
         "allow_nonfinite": spec.get("allow_nonfinite") or [],
         "snakeshard": version,
         "model_files": [file_identity(p) for p in model_files_in(provider_config)],
@@ -104,23 +106,27 @@ def audio_identity(paths: list[str], stat_cache: dict) -> str:
     return digest("".join(parts))
 
 
-SHARD_INPUT_PARTS = ("stage", "keys", "records", "audio")
+SHARD_INPUT_PARTS = ("stage", "keys", "records", "audio", "upstream")
 
 
-def shard_inputs_text(stage_fp: str, shard_keys_digest: str, shard_records: str = "", shard_audio: str = "") -> str:
+def shard_inputs_text(stage_fp: str, shard_keys_digest: str, shard_records: str = "", shard_audio: str = "",
+                      upstream: str = "") -> str:
     """What a shard's fingerprint is the digest of, as one shell-safe word (hex digests joined by ':').
 
+    ``upstream``: for a chained dataset, the inputs digest of the upstream stage's merged output.
     The shard rule passes it to the job, which digests it and records the parts in its done, so
     status can later say which part changed."""
-    return f"{stage_fp}:{shard_keys_digest}:{shard_records}:{shard_audio}"
+    text = f"{stage_fp}:{shard_keys_digest}:{shard_records}:{shard_audio}"
+    return f"{text}:{upstream}" if upstream else text  # unchained shards keep their fingerprints
 
 
 def parse_shard_inputs(text: str) -> dict[str, str]:
     return dict(zip(SHARD_INPUT_PARTS, text.split(":")))
 
 
-def shard_fingerprint(stage_fp: str, shard_keys_digest: str, shard_records: str = "", shard_audio: str = "") -> str:
-    return digest(shard_inputs_text(stage_fp, shard_keys_digest, shard_records, shard_audio))
+def shard_fingerprint(stage_fp: str, shard_keys_digest: str, shard_records: str = "", shard_audio: str = "",
+                      upstream: str = "") -> str:
+    return digest(shard_inputs_text(stage_fp, shard_keys_digest, shard_records, shard_audio, upstream))
 
 
 def inputs_digest(shard_fps: list[str]) -> str:

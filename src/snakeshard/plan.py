@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 
 from snakeshard.atomic import atomic_write_json, write_if_changed
-from snakeshard.data import Item, check_audio_exists, fill_durations, is_pipe, read_items
+from snakeshard.data import Item, check_audio_exists, fill_durations, is_pipe, read_items, source_spec
 from snakeshard.errors import ConfigError
 from snakeshard.fingerprint import digest, keys_digest, keys_text
 
@@ -100,7 +100,7 @@ def plan_shards(items: list[Item], sharding: dict) -> list[list[Item]]:
 
 def input_signature(dataset: dict, sharding: dict) -> str:
     """Changes when the dataset's key files or the sharding config change (stat only: cheap)."""
-    path = Path(dataset["path"])
+    path = Path(source_spec(dataset)["path"])  # a chained dataset's keys come from its source
     files = [path / name for name in DATASET_FILES] if path.is_dir() else [path]
     stats = []
     for f in files:

@@ -84,9 +84,11 @@ def _plan_batches(runner_cls, env, keys, batch_size, batch_seconds, sort_by_leng
     batches = plan_batches(lengths, batch_size=batch_size, batch_seconds=batch_seconds,
                            sort_by_length=sort_by_length)
     how = ", ".join(f"{k} {v}" for k, v in (("batch_size", batch_size), ("batch_seconds", batch_seconds)) if v)
+    # lengths are known (and padding can be told) only when batching by seconds or sorting
+    padding = (f"; padding {100 * padding_ratio(lengths, batches):.1f}% of the batched length"
+               if batch_seconds or sort_by_length else "")
     print(f"{where}: {len(keys)} items in {len(batches)} batches ({how}"
-          f"{', sorted by length' if sort_by_length else ''}); padding "
-          f"{100 * padding_ratio(lengths, batches):.1f}% of the batched length", file=sys.stderr)
+          f"{', sorted by length' if sort_by_length else ''}){padding}", file=sys.stderr)
     return batches
 
 

@@ -13,12 +13,13 @@ from pathlib import Path
 
 from snakeshard import __version__
 from snakeshard.atomic import write_if_changed
+from snakeshard.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
 from snakeshard.errors import ConfigError
-from snakeshard.data import JSONL_RECORD, KALDI_RECORD_FILES
 from snakeshard.errors import DataError
 from snakeshard.fingerprint import (audio_identity, digest, inputs_digest, keys_text, records_digest,
                                     shard_fingerprint, shard_inputs_text, stage_fingerprint)
 from snakeshard.plan import ensure_plan, read_audio_files, read_shard_keys
+from snakeshard.writers import check_outputs_config
 
 # The canary's shard dir, beside the stage's dataset dirs (dataset names cannot start with "_").
 CANARY_DIR = "_canary"
@@ -64,7 +65,11 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
         raise ConfigError("config does not match snakeshard's config schema (workflow/schemas/config.schema.yaml):\n"
                           + "\n".join(lines))
     datasets = config.get("datasets", {})
-    for name, stage in config.get("stages", {}).items():
+    stages = config.get("stages", {})
+    for name, ds in datasets.items():
+        check_dataset_source(name, ds, stages)
+    upstream_of(config)  # no cycles
+    for name, stage in stages.items():
         for ds in stage["datasets"]:
             if ds not in datasets:
                 raise ConfigError(f"stages.{name}.datasets: {ds!r} is not defined under datasets ({sorted(datasets)})")
@@ -72,6 +77,9 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
         if len(modes) != 1:
             raise ConfigError(f"stages.{name}.sharding: set exactly one of num_shards, shard_size, shard_seconds "
                               f"(got {modes or 'none'})")
+        if stage.get("sort_by_length") and not (stage.get("batch_size") or stage.get("batch_seconds")):
+            raise ConfigError(f"stages.{name}.sort_by_length: sorting needs batches: set batch_size or batch_seconds")
+        check_outputs_config(stage.get("outputs") or {}, f"stages.{name}.outputs")
         reserved = sorted({"dataset", "devices"} & set(stage.get("provider_config") or {}))
         if reserved:
             raise ConfigError(f"stages.{name}.provider_config.{reserved[0]}: this key is set by snakeshard "
@@ -80,6 +88,50 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
         runner_source = check_import_path(stage["runner"], f"stages.{name}.runner")
         if runner_source is not None:
             check_runner_source(stage["runner"], f"stages.{name}.runner", *runner_source)
+
+
+def check_dataset_source(name: str, ds: dict, stages: dict) -> None:
+    """A dataset is a path, or another stage's output over one of that stage's datasets."""
+    where = f"datasets.{name}"
+    if ("path" in ds) == ("from_stage" in ds):
+        raise ConfigError(f"{where}: give either path (a Kaldi data dir or .jsonl) or from_stage + dataset "
+                          "(another stage's merged output)")
+    if "from_stage" not in ds:
+        extra = "dataset" if "dataset" in ds else None
+        if extra:
+            raise ConfigError(f"{where}.dataset: only a from_stage dataset names an upstream dataset")
+        return
+    stage = ds["from_stage"]
+    if stage not in stages:
+        raise ConfigError(f"{where}.from_stage: {stage!r} is not a stage ({sorted(stages)})")
+    if ds.get("dataset") not in stages[stage]["datasets"]:
+        raise ConfigError(f"{where}.dataset: stage {stage!r} runs over {stages[stage]['datasets']}, "
+                          f"not {ds.get('dataset')!r}")
+    extra = sorted(set(ds) - {"from_stage", "dataset"})
+    if extra:
+        raise ConfigError(f"{where}.{extra[0]}: a from_stage dataset takes its data from the upstream dataset")
+
+
+def upstream_of(config: dict) -> dict[tuple[str, str], tuple[str, str]]:
+    """(stage, dataset) -> the (stage, dataset) whose merged output it reads, for chained datasets;
+    a chain that loops back on itself is an error naming it."""
+    datasets = config.get("datasets", {})
+    links = {}
+    for stage, ds in stage_sets(config):
+        source = datasets[ds]
+        if "from_stage" in source:
+            links[stage, ds] = (source["from_stage"], source["dataset"])
+    for start in links:
+        seen, node = [start], links[start]
+        while node in links:
+            if node in seen:
+                chain = " -> ".join(f"{s}/{d}" for s, d in [*seen, node])
+                raise ConfigError(f"datasets: chained stages form a loop: {chain}")
+            seen.append(node)
+            node = links[node]
+        if node == start:
+            raise ConfigError(f"datasets: stage {start[0]!r} reads its own output ({start[1]})")
+    return links
 
 
 def check_import_path(path: str, where: str):
@@ -226,6 +278,11 @@ def run_spec(config: dict, stage: str, dataset: str) -> dict:
     """
     s = config["stages"][stage]
     rate = {"sample_rate": s["sample_rate"]} if s.get("sample_rate") else {}
+    dataset = {"name": dataset, **config["datasets"][dataset], **rate}
+    if "from_stage" in dataset:  # a chained dataset: the upstream's merged output over its own dataset
+        up_stage, up_ds = dataset["from_stage"], dataset["dataset"]
+        dataset.update(format=STAGE_FORMAT, path=set_dir(config, up_stage, up_ds),
+                       source=run_spec(config, up_stage, up_ds)["dataset"])
     return {
         "stage": stage,
         "runner": s["runner"],
@@ -235,8 +292,11 @@ def run_spec(config: dict, stage: str, dataset: str) -> dict:
         "fingerprint": {**FINGERPRINT_DEFAULTS, **(s.get("fingerprint") or {})},
         "allow_nonfinite": s.get("allow_nonfinite") or [],
         "batch_size": s.get("batch_size"),
+        "batch_seconds": s.get("batch_seconds"),
+        "sort_by_length": bool(s.get("sort_by_length")),
+        "outputs": s.get("outputs") or {},
         "gpus": requested_gpus(s.get("resources") or {}),
-        "dataset": {"name": dataset, **config["datasets"][dataset], **rate},
+        "dataset": dataset,
     }
 
 
@@ -289,9 +349,10 @@ class Workflow:
         self.shard_inputs: dict[tuple[str, str], list[dict]] = {}
         self.inputs: dict[tuple[str, str], str] = {}
         self.canaries: dict[str, dict] = {}
+        self.upstream = upstream_of(config)  # chained (stage, dataset) -> the (stage, dataset) it reads
         stat_cache: dict[str, str] = {}  # audio file -> identity, shared by stages over the same data
         try:
-            for stage, ds in stage_sets(config):
+            for stage, ds in self._in_chain_order():
                 self._prepare_set(stage, ds, stat_cache, reuse_audio_identity)
             for stage in config["stages"]:
                 self.canaries[stage] = self._prepare_canary(stage)
@@ -301,12 +362,31 @@ class Workflow:
                 raise ConfigError(f"output_dir: cannot write {path}: {e.strerror} (output_dir is {self.out!r})") from None
             raise DataError(f"cannot read {path}: {e.strerror}") from None
 
+    def _in_chain_order(self) -> list[tuple[str, str]]:
+        """Every stage/dataset, each after the one whose output it reads (config order otherwise)."""
+        ordered: list[tuple[str, str]] = []
+
+        def visit(node):
+            if node in self.upstream:
+                visit(self.upstream[node])
+            if node not in ordered:
+                ordered.append(node)
+
+        for node in stage_sets(self.config):
+            visit(node)
+        return ordered
+
     def _prepare_set(self, stage: str, ds: str, stat_cache: dict, reuse_audio_identity: bool) -> None:
         """Plan one stage/dataset, write its spec.json, compute and write its fingerprints.json."""
         base = set_dir(self.config, stage, ds)
         spec = run_spec(self.config, stage, ds)
         options = spec["fingerprint"]
         plan = ensure_plan(base, spec["dataset"], self.config["stages"][stage]["sharding"])
+        # A chained set's shards depend on the whole upstream merged output (Snakemake reruns them all
+        # when it is merged again), so each shard's fingerprint takes the upstream's inputs digest.
+        upstream = self.inputs[self.upstream[stage, ds]] if (stage, ds) in self.upstream else ""
+        if upstream:
+            spec["dataset"]["upstream_inputs"] = upstream  # load_dataset refuses any other merged output
         # Jobs read the spec from this file, not from a rule param: options listed in
         # fingerprint_ignore may change without rerunning shards, so they must not be params.
         write_if_changed(Path(base) / "spec.json", json.dumps(spec, indent=1, sort_keys=True) + "\n")
@@ -316,9 +396,9 @@ class Workflow:
         fp = stage_fingerprint(spec, __version__, code)
         audio = self._audio_digests(base, plan, options, stat_cache, reuse_audio_identity)
         inputs = [{"keys": s["keys_digest"], "records": records_digest(s["records"], options["records"]),
-                   "audio": a} for s, a in zip(plan["shards"], audio)]
+                   "audio": a, "upstream": upstream} for s, a in zip(plan["shards"], audio)]
         for entry in inputs:
-            entry["fingerprint"] = shard_fingerprint(fp, entry["keys"], entry["records"], entry["audio"])
+            entry["fingerprint"] = shard_fingerprint(fp, entry["keys"], entry["records"], entry["audio"], upstream)
         self.plans[stage, ds] = plan
         self.stage_fps[stage, ds] = fp
         self.shard_inputs[stage, ds] = inputs
@@ -360,7 +440,13 @@ class Workflow:
     def shard_inputs_arg(self, stage: str, dataset: str, shard: int) -> str:
         """The shard job's ``--inputs``: the text its fingerprint digests (see fingerprint.shard_inputs_text)."""
         entry = self.shard_inputs[stage, dataset][shard]
-        return shard_inputs_text(self.stage_fps[stage, dataset], entry["keys"], entry["records"], entry["audio"])
+        return shard_inputs_text(self.stage_fps[stage, dataset], entry["keys"], entry["records"], entry["audio"],
+                                 entry["upstream"])
+
+    def upstream_merged(self, stage: str, dataset: str) -> list[str]:
+        """The merged.json a chained set's jobs wait for (none for a dataset read from disk)."""
+        up = self.upstream.get((stage, dataset))
+        return [f"{set_dir(self.config, *up)}/merged.json"] if up else []
 
     def num_shards(self, stage: str, dataset: str) -> int:
         return self.plans[stage, dataset]["num_shards"]

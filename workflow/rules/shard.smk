@@ -11,16 +11,19 @@ def _shard_rule_functions(stage):
     def inputs(wildcards):
         return WF.shard_inputs_arg(stage, wildcards.dataset, int(wildcards.shard))
 
+    def upstream(wildcards):  # a chained dataset: the upstream stage's merged output
+        return WF.upstream_merged(stage, wildcards.dataset)
+
     def escalated(name):
         return lambda wildcards, attempt: res[name] * attempt
 
     resources = {name: res[name] for name in SLURM_PASSTHROUGH if name in res}  # unset ones stay unset
     resources.update(mem_mb=escalated("mem_mb"), runtime=escalated("runtime"), cpus_per_task=res["cpus_per_task"])
-    return inputs, resources
+    return inputs, resources, upstream
 
 
 for _stage in config["stages"]:
-    _inputs, _resources = _shard_rule_functions(_stage)
+    _inputs, _resources, _upstream = _shard_rule_functions(_stage)
 
     rule:
         name:
@@ -28,6 +31,7 @@ for _stage in config["stages"]:
         input:
             shard_keys=f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/keys",
             canary=ancient(f"{WF.canaries[_stage]['dir']}/done"),  # existence only: see canary.smk
+            upstream=_upstream,
         output:
             done=f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/done",
         log:

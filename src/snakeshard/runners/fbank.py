@@ -1,0 +1,86 @@
+"""Kaldi filterbank features with kaldi-native-fbank, written as a Kaldi feature dir.
+
+Per key: ``feats`` (float32 frames x num_mel_bins, Kaldi ark/scp) and ``utt2num_frames`` (text), so
+the merged ``results/<stage>/<set>/`` holds ``feats.scp`` and ``utt2num_frames`` as Kaldi's
+``make_fbank.sh`` leaves them. Samples are scaled as Kaldi reads them (16-bit integer range), so the
+numbers match ``compute-fbank-feats``.
+
+``provider_config`` (Kaldi's option names; defaults as Kaldi's except dither):
+  num_mel_bins: 80   frame_length: 25 (ms)   frame_shift: 10 (ms)   dither: 0.0 (deterministic)
+  snip_edges: true   low_freq: 20   high_freq: 0 (0: Nyquist; negative: offset from it)
+  preemphasis_coefficient: 0.97   remove_dc_offset: true   window_type: povey   use_energy: false
+"""
+
+from __future__ import annotations
+
+from snakeshard import BaseRunner, EnvironmentProvider
+from snakeshard.data import load_dataset
+from snakeshard.errors import ConfigError
+
+DEFAULTS = {"num_mel_bins": 80, "frame_length": 25.0, "frame_shift": 10.0, "dither": 0.0, "snip_edges": True,
+            "low_freq": 20.0, "high_freq": 0.0, "preemphasis_coefficient": 0.97, "remove_dc_offset": True,
+            "window_type": "povey", "use_energy": False}
+
+
+def fbank_options(config: dict, sample_rate: int):
+    """kaldi_native_fbank.FbankOptions from Kaldi-named options (unknown names are an error)."""
+    import kaldi_native_fbank as knf
+
+    unknown = sorted(set(config) - set(DEFAULTS))
+    if unknown:
+        raise ConfigError(f"stages.<stage>.provider_config.{unknown[0]}: not a fbank option ({sorted(DEFAULTS)})")
+    c = {**DEFAULTS, **config}
+    opts = knf.FbankOptions()
+    frame = opts.frame_opts
+    frame.samp_freq = float(sample_rate)
+    frame.frame_length_ms = float(c["frame_length"])
+    frame.frame_shift_ms = float(c["frame_shift"])
+    frame.dither = float(c["dither"])
+    frame.snip_edges = bool(c["snip_edges"])
+    frame.preemph_coeff = float(c["preemphasis_coefficient"])
+    frame.remove_dc_offset = bool(c["remove_dc_offset"])
+    frame.window_type = str(c["window_type"])
+    opts.mel_opts.num_bins = int(c["num_mel_bins"])
+    opts.mel_opts.low_freq = float(c["low_freq"])
+    opts.mel_opts.high_freq = float(c["high_freq"])
+    opts.use_energy = bool(c["use_energy"])
+    return opts
+
+
+def compute_fbank(samples, opts):
+    """(frames, num_mel_bins) float32 fbank of 1-D samples in the 16-bit integer range."""
+    import kaldi_native_fbank as knf
+    import numpy as np
+
+    fbank = knf.OnlineFbank(opts)
+    fbank.accept_waveform(opts.frame_opts.samp_freq, samples)
+    fbank.input_finished()
+    n = fbank.num_frames_ready
+    out = np.empty((n, opts.mel_opts.num_bins + int(opts.use_energy)), dtype=np.float32)
+    for i in range(n):
+        out[i] = fbank.get_frame(i)
+    return out
+
+
+class FbankProvider(EnvironmentProvider):
+    """The dataset (at the stage's ``sample_rate``, default 16000) and the fbank options."""
+
+    def build_env_local(self) -> dict:
+        spec = self.config["dataset"]
+        rate = int(spec.get("sample_rate") or 16000)
+        options = {k: v for k, v in self.config.items() if k not in ("dataset", "devices")}
+        return {"dataset": load_dataset({**spec, "sample_rate": rate}), "fbank_opts": fbank_options(options, rate)}
+
+
+class FbankRunner(BaseRunner):
+    """One key or a batch of keys (fbank is per utterance; batches only group the calls)."""
+
+    @staticmethod
+    def forward(keys, *, dataset, fbank_opts):
+        batch = keys if isinstance(keys, list) else [keys]
+        results = []
+        for key in batch:
+            samples, _ = dataset.load_audio(key, dtype="int16")
+            feats = compute_fbank(samples.astype("float32"), fbank_opts)
+            results.append({"feats": feats, "utt2num_frames": len(feats)})
+        return results if isinstance(keys, list) else results[0]
