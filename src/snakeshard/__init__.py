@@ -9,5 +9,6 @@ __version__ = "0.1.0"
 from snakeshard.contract import BaseRunner, EnvironmentProvider, InferenceProvider  # noqa: E402
 from snakeshard.errors import SnakeshardError  # noqa: E402
 from snakeshard.resources import snakefile  # noqa: E402
+from snakeshard.writers import Audio  # noqa: E402
 
-__all__ = ["BaseRunner", "EnvironmentProvider", "InferenceProvider", "SnakeshardError", "__version__", "snakefile"]
+__all__ = ["Audio", "BaseRunner", "EnvironmentProvider", "InferenceProvider", "SnakeshardError", "__version__", "snakefile"]

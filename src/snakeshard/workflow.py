@@ -122,6 +122,8 @@ def upstream_of(config: dict) -> dict[tuple[str, str], tuple[str, str]]:
         if "from_stage" in source:
             links[stage, ds] = (source["from_stage"], source["dataset"])
     for start in links:
+        if links[start] == start:
+            raise ConfigError(f"datasets: stage {start[0]!r} reads its own output ({start[1]})")
         seen, node = [start], links[start]
         while node in links:
             if node in seen:
@@ -129,8 +131,6 @@ def upstream_of(config: dict) -> dict[tuple[str, str], tuple[str, str]]:
                 raise ConfigError(f"datasets: chained stages form a loop: {chain}")
             seen.append(node)
             node = links[node]
-        if node == start:
-            raise ConfigError(f"datasets: stage {start[0]!r} reads its own output ({start[1]})")
     return links
 
 

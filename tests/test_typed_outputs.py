@@ -1,0 +1,455 @@
+"""Typed outputs, padded batches and chained stages, through real `snakemake` runs.
+
+A test runner returns one value of every type the default writers take (text scalars, float32 and
+float64 and int32 arrays, a torch tensor, an int64 cube written as npy, int16 audio as wav, int32
+audio as 24-bit flac, a dict, a token list written as text); what kaldiio, soundfile and json read
+back from the merged outputs must equal what forward returned, bit for bit, from any directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import kaldiio
+import numpy as np
+import psutil
+import pytest
+import soundfile as sf
+
+from conftest import copy_workflow, make_kaldi_dir, read_config, run_cli, run_snakemake, write_config
+from snakeshard import BaseRunner, EnvironmentProvider
+from snakeshard.data import load_dataset
+from snakeshard.errors import ShardError
+
+TYPED_MODULE = '''
+import time
+
+import numpy as np
+
+from snakeshard import Audio, BaseRunner, EnvironmentProvider
+
+
+def values(key, rows=0):
+    import torch
+
+    n = int(key[-3:])
+    rng = np.random.default_rng(n)
+    return {
+        "score": n / 7,
+        "feats": rng.standard_normal((rows + n % 5 + 2, 3)).astype(np.float32),
+        "vec64": rng.standard_normal(n % 4 + 1),
+        "ids": np.arange(n % 3 + 1, dtype=np.int32),
+        "emb": torch.from_numpy(rng.standard_normal(4).astype(np.float32)),
+        "cube": rng.integers(0, 9, size=(2, 2, n % 3 + 1)),
+        "wav": Audio(rng.integers(-2000, 2000, size=1600 + n).astype(np.int16), 16000),
+        "hires": Audio(rng.integers(-2**23, 2**23, size=800).astype(np.int32) * 256, 8000),
+        "info": {"n": n, "tokens": ["a", key], "ok": n % 2 == 0},
+        "tokens": ["x", "y", key],
+    }
+
+
+class TypedProvider(EnvironmentProvider):
+    def build_env_local(self):
+        return {"delay": float(self.config.get("delay", 0)), "rows": int(self.config.get("rows", 0)),
+                "nan_keys": set(self.config.get("nan_keys", []))}
+
+
+class TypedRunner(BaseRunner):
+    @staticmethod
+    def forward(key, *, delay, rows, nan_keys):
+        time.sleep(delay)
+        out = values(key, rows)
+        if key in nan_keys:
+            out["feats"][1, 2] = np.nan
+        return out
+'''
+TYPED_OUTPUTS = {"cube": {"format": "npy"}, "hires": {"format": "flac", "subtype": "PCM_24"},
+                 "tokens": {"format": "text"}}
+KEYS = [f"utt{i:03d}" for i in range(9)]
+SET = Path("results/typed/toy")
+
+
+def typed_project(root: Path, **stage) -> Path:
+    wd = copy_workflow(root)
+    (wd / "typed.py").write_text(TYPED_MODULE)
+    make_kaldi_dir(wd / "data/toy", KEYS, Path("data/demo/wav/cards-001.wav"))
+    write_config(wd, {
+        "datasets": {"toy": {"path": "data/toy"}},
+        "stages": {"typed": {"runner": "typed.TypedRunner", "provider": "typed.TypedProvider",
+                             "datasets": ["toy"], "sharding": {"num_shards": 3}, "outputs": TYPED_OUTPUTS,
+                             **stage}}})
+    return wd
+
+
+def expected_values(key: str, rows: int = 0) -> dict:
+    namespace: dict = {}
+    exec(TYPED_MODULE, namespace)
+    return namespace["values"](key, rows)
+
+
+def scp(path: Path) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in path.read_text().splitlines())
+
+
+def test_every_type_round_trips_bit_exact_from_any_directory(tmp_path, monkeypatch):
+    """9 keys in 3 shards: the merged feats/vec64/ids/emb.scp (kaldiio), cube.scp (npy), wav.scp and hires.scp
+    (soundfile), info.jsonl (json), tokens and score (text) give back exactly what forward returned, in plan
+    order, read from another directory; fields.json says what each field is."""
+    wd = typed_project(tmp_path / "wf")
+    run = run_snakemake(wd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = wd / SET
+    monkeypatch.chdir(tmp_path)  # merged paths work from anywhere
+    expected = {k: expected_values(k) for k in KEYS}
+
+    for field in ("feats", "vec64", "ids", "emb"):
+        assert list(scp(out / f"{field}.scp")) == KEYS
+        loaded = kaldiio.load_scp(str(out / f"{field}.scp"))
+        for k in KEYS:
+            want = np.asarray(expected[k][field])
+            assert loaded[k].dtype == want.dtype and np.array_equal(loaded[k], want), (field, k)
+    for k, path in scp(out / "cube.scp").items():
+        assert Path(path).is_absolute() and path.endswith(f"split.{KEYS.index(k) // 3}/cube/{k}.npy")
+        assert np.array_equal(np.load(path), expected[k]["cube"]) and np.load(path).dtype == np.int64
+    for k, path in scp(out / "wav.scp").items():
+        samples, rate = sf.read(path, dtype="int16")
+        assert rate == 16000 and np.array_equal(samples, expected[k]["wav"].samples)
+    for k, path in scp(out / "hires.scp").items():
+        samples, rate = sf.read(path, dtype="int32")
+        assert path.endswith(".flac") and sf.info(path).subtype == "PCM_24" and rate == 8000
+        assert np.array_equal(samples, expected[k]["hires"].samples)
+    records = [json.loads(line) for line in (out / "info.jsonl").read_text().splitlines()]
+    assert records == [{"key": k, "value": expected[k]["info"]} for k in KEYS]
+    assert (out / "tokens").read_text() == "".join(f"{k} x y {k}\n" for k in KEYS)
+    assert (out / "score").read_text() == "".join(f"{k} {expected[k]['score']}\n" for k in KEYS)
+    fields = json.loads((out / "fields.json").read_text())
+    assert {f: m["format"] for f, m in fields.items()} == {
+        "score": "text", "feats": "ark", "vec64": "ark", "ids": "ark", "emb": "ark", "cube": "npy",
+        "wav": "wav", "hires": "flac", "info": "jsonl", "tokens": "text"}
+    assert fields["hires"]["subtype"] == "PCM_24" and fields["wav"]["index"] == "wav.scp"
+    # the merged dir is a Kaldi data dir: wav.scp read by snakeshard's own loader
+    data = load_dataset({"path": str(out)})
+    assert data.keys == KEYS and np.array_equal(data.load_audio("utt004", dtype="int16")[0],
+                                                expected["utt004"]["wav"].samples)
+
+
+# -- bad values: each fails its shard, naming key, field (and types); nothing half-written is kept --
+
+class ValuesRunner(BaseRunner):
+    @staticmethod
+    def forward(key, *, table):
+        return table[key]
+
+
+class TableProvider(EnvironmentProvider):
+    def build_env_local(self):
+        return {"table": self.config["table"]}
+
+
+def run_table(tmp_path, table: dict, **options):
+    keys = list(table)
+    runner = ValuesRunner(TableProvider({"table": table}), output_dir=tmp_path / "split.0")
+    from snakeshard.shard import run_shard
+
+    return run_shard(ValuesRunner, runner.provider.build_env_local(), keys, tmp_path / "split.0", progress=False,
+                     **options)
+
+
+def test_nan_in_an_array_fails_naming_key_and_field_unless_allowed(tmp_path):
+    """A NaN at [1, 2] of k1's feats: ShardError naming k1, feats and the flat index, no done; with feats under
+    allow_nonfinite the shard is done and the NaN is in the ark. An inf in an npy field or audio fails the same way."""
+    good, bad = np.zeros((3, 4), np.float32), np.zeros((3, 4), np.float32)
+    bad[1, 2] = np.nan
+    table = {"k0": {"feats": good}, "k1": {"feats": bad}}
+    with pytest.raises(ShardError, match=r"shard 0: item 'k1': field 'feats' holds nan \(flat index 6\).*allow_nonfinite"):
+        run_table(tmp_path, table)
+    assert not (tmp_path / "split.0/done").exists()
+    run_table(tmp_path, table, allow_nonfinite=["feats"])
+    loaded = kaldiio.load_scp(str(tmp_path / "split.0/feats.scp"))
+    assert np.isnan(loaded["k1"][1, 2]) and (tmp_path / "split.0/done").exists()
+    inf = np.full(3, np.inf)
+    with pytest.raises(ShardError, match=r"item 'k0': field 'x' holds inf"):
+        run_table(tmp_path, {"k0": {"x": inf}}, outputs={"x": {"format": "npy"}})
+    from snakeshard import Audio
+
+    with pytest.raises(ShardError, match=r"item 'k0': field 'w' holds -inf"):
+        run_table(tmp_path, {"k0": {"w": Audio(-inf.astype(np.float32), 16000)}})
+    with pytest.raises(ShardError, match=r"item 'k0': field 'j' holds a NaN or infinity"):
+        run_table(tmp_path, {"k0": {"j": {"loss": math.nan}}})
+
+
+@pytest.mark.parametrize("first, later, message", [
+    (np.zeros(2, np.float32), "text", r"item 'k1': field 'f' is a str \(scalar\), but earlier keys of this shard gave it array values"),
+    ({"a": 1}, np.zeros(2), r"item 'k1': field 'f' is a ndarray \(array\), but earlier keys .* gave it json values"),
+    (1.5, [1, 2], r"item 'k1': field 'f' is a list \(json\), but earlier keys .* gave it scalar values"),
+])
+def test_a_field_that_changes_type_between_keys_fails_naming_both(tmp_path, first, later, message):
+    with pytest.raises(ShardError, match=message):
+        run_table(tmp_path, {"k0": {"f": first}, "k1": {"f": later}})
+    assert not (tmp_path / "split.0/done").exists()
+
+
+@pytest.mark.parametrize("table, options, message", [
+    ({"k0": {"f": np.zeros((2, 2, 2), np.float32)}}, {},
+     r"item 'k0': field 'f' is a float32 array of shape \(2, 2, 2\): a Kaldi ark holds .*outputs\.f\.format: npy"),
+    ({"k0": {"f": np.zeros(3, np.int64)}}, {}, r"field 'f' is a int64 array"),
+    ({"k0": {"f": np.zeros(3)}}, {"outputs": {"f": {"format": "wav"}}},
+     r"item 'k0': field 'f' is a ndarray, which format 'wav' .* cannot hold"),
+    ({"a/b": {"w": np.zeros(3)}}, {"outputs": {"w": {"format": "npy"}}},
+     r"item 'a/b': field 'w' writes one file per key, and this key cannot be a file name"),
+    ({"k0": {"f": 1}, "k1": {"g": 2}}, {}, r"field 'f' has values for 1 of the shard's 2 keys \(missing: \['k1'\]\)"),
+    ({"k0": {"f": object()}}, {}, r"item 'k0': field 'f' is a object; the default writers take"),
+])
+def test_values_no_writer_can_take_fail_with_the_fix(tmp_path, table, options, message):
+    """A 3-D float array (ark holds 1-D/2-D), an int64 array, an array forced into wav, a key that is no file name,
+    a field only some keys return, an object: each fails naming key and field, no done."""
+    with pytest.raises(ShardError, match=message):
+        run_table(tmp_path, table, **options)
+    assert not (tmp_path / "split.0/done").exists()
+
+
+# -- padded batches --
+
+def test_collate_pads_and_unbatch_cuts_back_numpy_and_torch():
+    from snakeshard.batch import collate, unbatch
+
+    items = [np.arange(3 * 2, dtype=np.float32).reshape(3, 2), np.ones((1, 2), np.float32), np.zeros((4, 2), np.float32)]
+    b = collate(items, keys=["a", "b", "c"], pad_value=-1)
+    assert b.data.shape == (3, 4, 2) and b.lengths.tolist() == [3, 1, 4] and b.keys == ["a", "b", "c"]
+    assert b.mask.tolist() == [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]
+    assert (b.data[1, 1:] == -1).all()
+    assert all(np.array_equal(x, y) for x, y in zip(unbatch(b.data, b.lengths), items))
+    with pytest.raises(ValueError, match=r"item 'y' is float32 \(2, 3\), the first is float32 \(3, 2\)"):
+        collate([items[0], np.zeros((2, 3), np.float32)], keys=["x", "y"])
+    torch = pytest.importorskip("torch")
+    t = collate([torch.from_numpy(x) for x in items])
+    assert isinstance(t.data, torch.Tensor) and t.mask.tolist() == b.mask.tolist()
+    assert all(torch.equal(x, torch.from_numpy(y)) for x, y in zip(unbatch(t.data, t.lengths), items))
+
+
+def test_plan_batches_by_count_seconds_and_sorted():
+    from snakeshard.batch import padding_ratio, plan_batches
+
+    lengths = [3.0, 1.0, 5.0, 1.0, 2.0]
+    assert plan_batches(lengths, batch_size=2) == [[0, 1], [2, 3], [4]]
+    assert plan_batches(lengths, batch_seconds=4) == [[0, 1], [2], [3, 4]]  # 5 s stands alone
+    assert plan_batches(lengths, batch_seconds=6, sort_by_length=True) == [[2], [0, 4, 1], [3]]  # longest first
+    assert plan_batches(lengths, batch_seconds=100, batch_size=2) == [[0, 1], [2, 3], [4]]
+    assert padding_ratio(lengths, [[0, 1], [2], [3, 4]]) == pytest.approx(1 - 12 / 15)
+
+
+FBANK_STAGE = {"runner": "snakeshard.runners.fbank.FbankRunner", "provider": "snakeshard.runners.fbank.FbankProvider",
+               "provider_config": {"num_mel_bins": 80}, "datasets": ["demo"], "sample_rate": 16000,
+               "sharding": {"num_shards": 2}}
+BATCHINGS = {"plain": {"batch_size": None}, "count": {"batch_size": 3}, "seconds": {"batch_seconds": 8},
+             "seconds_sorted": {"batch_seconds": 8, "sort_by_length": True},
+             "count_sorted": {"batch_size": 4, "sort_by_length": True}}
+
+
+def set_files(set_dir: Path) -> dict[str, bytes]:
+    """Every merged file and shard ark of a set, with the set's own path taken out of scp lines."""
+    files = {}
+    for path in sorted(set_dir.glob("*")) + sorted(set_dir.glob("split.*/*.ark")):
+        if path.is_file() and path.name not in ("merged.json", "spec.json", "fingerprints.json", "plan.json",
+                                                      "audio_files.json"):
+            files[str(path.relative_to(set_dir))] = path.read_bytes().replace(str(set_dir.resolve()).encode(), b"SET")
+    return files
+
+
+def test_fbank_batched_by_count_and_seconds_sorted_or_not_is_byte_identical_to_unbatched(tmp_path):
+    """The fbank stage five ways in one run (no batching; batch_size 3; batch_seconds 8; both sorted): the merged
+    feats.scp (set path aside), utt2num_frames, fields.json and every shard's ark are byte-identical; the sorted
+    runs' logs report their padding; the features are 80-dim float32 Kaldi fbank of each utterance."""
+    wd = copy_workflow(tmp_path / "wf")
+    config = read_config(wd)
+    config["stages"] = {f"fbank_{name}": {**FBANK_STAGE, **batching} for name, batching in BATCHINGS.items()}
+    del config["datasets"]["demo_vad"]
+    write_config(wd, config)
+    run = run_snakemake(wd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    sets = {name: set_files(wd / f"results/fbank_{name}/demo") for name in BATCHINGS}
+    assert len(sets["plain"]) == 5  # feats.scp, utt2num_frames, fields.json, 2 arks
+    for name, files in sets.items():
+        assert files == sets["plain"], name
+    log = (wd / "results/fbank_seconds_sorted/demo/logs/split.0.log").read_text()
+    assert re.search(r"shard 0 .*: 6 items in \d+ batches \(batch_seconds 8, sorted by length\); padding \d+\.\d% "
+                     r"of the batched length", log)
+    feats = kaldiio.load_scp(str(wd / "results/fbank_plain/demo/feats.scp"))
+    frames = dict(line.split() for line in (wd / "results/fbank_plain/demo/utt2num_frames").read_text().splitlines())
+    from snakeshard.runners.fbank import compute_fbank, fbank_options
+
+    samples, _ = sf.read(wd / "data/demo/wav/cards-002.wav", dtype="int16")
+    direct = compute_fbank(samples.astype(np.float32), fbank_options({"num_mel_bins": 80}, 16000))
+    assert feats["cards-002"].shape == (int(frames["cards-002"]), 80) and np.array_equal(feats["cards-002"], direct)
+
+
+# -- kill -9 mid-write of an ark --
+
+def shard_process(workdir: Path, shard: int):
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        cmd = proc.info["cmdline"] or []
+        if "run-shard" in cmd and proc.info["cwd"] == str(workdir) and cmd[cmd.index("--shard") + 1] == str(shard):
+            return proc
+    return None
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_kill9_mid_ark_write_then_rerun_is_byte_identical(tmp_path):
+    """Shard 0 killed with -9 once its feats.ark holds some records (big arrays, 0.3 s per key): no done, no merge;
+    the rerun's merged outputs and arks equal those of an uninterrupted run in another directory, byte for byte."""
+    stage = {"provider_config": {"delay": 0.3, "rows": 3000}, "fingerprint_ignore": ["delay"]}
+    clean = typed_project(tmp_path / "clean", **stage)
+    assert run_snakemake(clean).returncode == 0
+    wd = typed_project(tmp_path / "wf", **stage)
+    driver = subprocess.Popen([sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2"],
+                              cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    victim = wait_for(lambda: shard_process(wd, 0), 60, "shard 0 to start")
+    ark = wd / SET / "split.0/feats.ark"
+    wait_for(lambda: ark.exists() and ark.stat().st_size > 0, 60, "shard 0 to write into its ark")
+    victim.send_signal(signal.SIGKILL)
+    out, _ = driver.communicate(timeout=120)
+    assert driver.returncode != 0, out
+    assert not (wd / SET / "split.0/done").exists() and not (wd / SET / "merged.json").exists()
+    rerun = run_snakemake(wd)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert set_files(wd / SET) == set_files(clean / SET)
+
+
+# -- chained stages --
+
+FRAMES_MODULE = '''
+from snakeshard import BaseRunner, EnvironmentProvider
+from snakeshard.data import load_dataset
+
+
+class FramesProvider(EnvironmentProvider):
+    def build_env_local(self):
+        return {"dataset": load_dataset(self.config["dataset"]), "scale": float(self.config.get("scale", 1))}
+
+
+class FramesRunner(BaseRunner):
+    """Per key: the number of upstream feature frames and their scaled mean, and the upstream's text field."""
+
+    @staticmethod
+    def forward(key, *, dataset, scale):
+        feats = dataset.load_array(key, "feats")
+        return {"frames": len(feats), "mean": round(float(feats.mean()) * scale, 4),
+                "upstream_frames": dataset.load_field(key, "utt2num_frames")}
+'''
+
+
+def chained_project(root: Path) -> Path:
+    wd = copy_workflow(root)
+    (wd / "frames.py").write_text(FRAMES_MODULE)
+    config = read_config(wd)
+    config["datasets"] = {"demo": config["datasets"]["demo"], "demo_fbank": {"from_stage": "fbank", "dataset": "demo"}}
+    config["stages"] = {
+        # the downstream stage first: the config order does not matter
+        "frames": {"runner": "frames.FramesRunner", "provider": "frames.FramesProvider", "datasets": ["demo_fbank"],
+                   "sharding": {"num_shards": 3}},
+        "fbank": {**FBANK_STAGE, "provider_config": {"num_mel_bins": 23}},
+    }
+    write_config(wd, config)
+    return wd
+
+
+def ran(proc) -> list[str]:
+    return re.findall(r"^(?:local)?rule (shard_\w+):", proc.stdout + proc.stderr, re.M)
+
+
+def test_chained_stage_plans_at_parse_reruns_with_its_upstream_and_refuses_a_stale_one(tmp_path):
+    """fbank -> frames (a dataset from_stage fbank): `-n` on a clean tree lists 2 fbank and 3 frames shard jobs;
+    the run gives frames computed from the merged feats; an edit of frames' provider config reruns only frames'
+    shards; an edit of fbank's reruns both; a frames job given a stale upstream is refused, and status says why."""
+    wd = chained_project(tmp_path / "wf")
+    dry = run_snakemake(wd, "-n")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert sorted(ran(dry)) == ["shard_fbank"] * 2 + ["shard_frames"] * 3
+    run = run_snakemake(wd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    feats = kaldiio.load_scp(str(wd / "results/fbank/demo/feats.scp"))
+    lines = (wd / "results/frames/demo_fbank/mean").read_text().splitlines()
+    assert lines == [f"{k} {round(float(feats[k].mean()), 4)}" for k in feats]
+    assert (wd / "results/frames/demo_fbank/upstream_frames").read_text() == \
+        (wd / "results/fbank/demo/utt2num_frames").read_text()
+
+    config = read_config(wd)
+    config["stages"]["frames"]["provider_config"] = {"scale": 2}
+    write_config(wd, config)
+    down = run_snakemake(wd)
+    assert down.returncode == 0 and sorted(ran(down)) == ["shard_frames"] * 3, down.stderr[-3000:]
+
+    config["stages"]["fbank"]["provider_config"] = {"num_mel_bins": 40}
+    write_config(wd, config)
+    up = run_snakemake(wd)
+    assert up.returncode == 0 and sorted(ran(up)) == ["shard_fbank"] * 2 + ["shard_frames"] * 3, up.stderr[-3000:]
+    assert kaldiio.load_scp(str(wd / "results/fbank/demo/feats.scp"))["cards-001"].shape[1] == 40
+
+    # upstream edited again, parsed (spec.json and fingerprints now expect the new upstream), not rerun
+    config["stages"]["fbank"]["provider_config"] = {"num_mel_bins": 30}
+    write_config(wd, config)
+    assert run_snakemake(wd, "-n").returncode == 0
+    status = run_cli(wd, "status").stdout
+    assert re.search(r"stage frames, dataset demo_fbank: 3 shards\n  split\.0 +stale .*changed since it ran: "
+                     r"the upstream stage's merged output", status), status
+    job = subprocess.run([sys.executable, "-m", "snakeshard", "run-shard", "--shard", "0",
+                          "--spec", "results/frames/demo_fbank/spec.json", "--shard-dir", str(tmp_path / "probe"),
+                          "--fingerprint", "x"], cwd=wd, capture_output=True, text=True)
+    assert job.returncode == 1
+    assert "results/fbank/demo: the merged output is stale" in job.stderr and "refusing to read it" in job.stderr
+
+
+@pytest.mark.parametrize("datasets, message", [
+    ({"d": {"from_stage": "nope", "dataset": "demo"}}, r"datasets\.d\.from_stage: 'nope' is not a stage"),
+    ({"d": {"from_stage": "fbank", "dataset": "other"}}, r"datasets\.d\.dataset: stage 'fbank' runs over \['demo'\], not 'other'"),
+    ({"d": {"from_stage": "fbank", "dataset": "demo", "path": "x"}}, r"datasets\.d: give either path .* or from_stage"),
+    ({"d": {"from_stage": "frames", "dataset": "d"}}, r"stage 'frames' reads its own output \(d\)"),
+])
+def test_chained_dataset_config_errors_name_the_key(tmp_path, datasets, message):
+    wd = chained_project(tmp_path / "wf")
+    config = read_config(wd)
+    config["datasets"].update(datasets)
+    config["stages"]["frames"]["datasets"] = ["d"]
+    write_config(wd, config)
+    dry = run_snakemake(wd, "-n")
+    assert dry.returncode != 0 and re.search(message, dry.stdout + dry.stderr), dry.stdout[-2000:]
+
+
+def test_vad_output_dir_is_a_kaldi_data_dir(tmp_path):
+    """The shipped vad stage (silero-vad, padded batches by seconds): its merged output dir reads through
+    snakeshard.data.load_dataset (wav.scp of speech-trimmed audio, no longer than the source), its segments lie
+    inside each recording, and speech_prob.scp holds one probability per 512 samples (kaldiio)."""
+    pytest.importorskip("silero_vad")
+    wd = copy_workflow(tmp_path / "wf")
+    run = run_snakemake(wd, "results/vad/demo/merged.json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = wd / "results/vad/demo"
+    trimmed = load_dataset({"path": str(out), "format": "kaldi"})
+    source = load_dataset({"path": str(wd / "data/demo")})
+    assert trimmed.keys == source.keys
+    probs = kaldiio.load_scp(str(out / "speech_prob.scp"))
+    segments = {r["key"]: r["value"] for r in map(json.loads, (out / "speech.jsonl").read_text().splitlines())}
+    for key in source.keys:
+        cut, _ = trimmed.load_audio(key)
+        whole, rate = source.load_audio(key)
+        assert 0 < len(cut) <= len(whole)
+        assert probs[key].shape == (math.ceil(len(whole) / 512),) and probs[key].dtype == np.float32
+        assert segments[key] and all(0 <= s["start"] < s["end"] <= len(whole) / rate for s in segments[key])
+        # the cut runs from the first onset to the last offset (segment times are rounded to the millisecond)
+        assert abs(len(cut) - (segments[key][-1]["end"] - segments[key][0]["start"]) * rate) <= 16
