@@ -138,6 +138,13 @@ def test_readme_demo_outputs_are_real(workdir):
     assert run_cli(workdir, "status").stdout.splitlines() == shown_output("snakeshard status                    #")
     wer = (workdir / "results/asr/demo/wer.txt").read_text()
     assert wer.split(" hyp=")[0] in (PROJECT / "README.md").read_text()
+    # the typed outputs of the fbank and vad stages, and the chained fbank over vad's output
+    for path in ("results/vad/demo/speech.jsonl", "results/fbank/demo/utt2num_frames",
+                 "results/fbank/demo_vad/utt2num_frames"):
+        assert (workdir / path).read_text().splitlines()[:2] == shown_output(f"head -2 {path}")
+    padding = (workdir / "results/fbank/demo/logs/split.0.log").read_text().splitlines()
+    assert next(line for line in padding if "padding" in line) in " ".join(
+        (PROJECT / "README.md").read_text().replace("`", "").split())
 
 
 def test_readme_rerun_after_new_audio_is_real(workdir):
@@ -151,6 +158,15 @@ def test_readme_rerun_after_new_audio_is_real(workdir):
     assert status == shown_output("snakeshard status                    # before rerunning")
     dry = run_snakemake(workdir, "-n")
     assert job_stats(dry.stdout + dry.stderr) == shown_output("snakemake -n --profile config/profiles/local     # after")
+
+
+def test_readme_batch_example_is_real():
+    """The doctest-style collate/unbatch lines print what the README shows."""
+    import doctest
+
+    block = readme_block("python", ">>> import numpy as np")
+    test = doctest.DocTestParser().get_doctest(block, {}, "README", "README.md", 0)
+    assert doctest.DocTestRunner().run(test).failed == 0
 
 
 def test_readme_config_block_is_a_valid_config():

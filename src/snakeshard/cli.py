@@ -167,9 +167,12 @@ def shard_state(shard_dir: Path, log: Path, expected: dict) -> tuple[str, str]:
 
 
 def cmd_status(args) -> int:
+    from snakeshard.workflow import stage_sets
+
     wf = _workflow(args)
     counts: dict[str, int] = {}
-    for (stage, ds), plan in wf.plans.items():
+    for stage, ds in stage_sets(wf.config):  # config order, as `snakeshard plan` lists them
+        plan = wf.plans[stage, ds]
         base = Path(wf.out) / stage / ds
         merged = merged_state(base, wf.inputs[stage, ds])
         print(f"stage {stage}, dataset {ds}: {plan['num_shards']} shards")

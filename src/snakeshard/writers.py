@@ -115,6 +115,10 @@ class _Field:
         self.index = open(shard_dir / self.index_name, "w", encoding="utf-8")
         self.keys: list[str] = []  # in the order written
 
+    def write_column(self, keys: list[str], values: list) -> None:
+        for key, value in zip(keys, values):
+            self.write(key, value)
+
     def meta(self) -> dict:
         """What the merge needs to know: the format, the index file and a check of its bytes."""
         raw = (self.shard_dir / self.index_name).read_bytes()
@@ -188,13 +192,26 @@ class JsonlField(_Field):
 
 def check_finite(array, key: str, name: str) -> None:
     """Refuse NaN and infinity in a float array (the sum is finite only if every element is)."""
+    kind = array.dtype.kind
+    if kind not in "fc" or not array.size:
+        return
+    total = array.sum()
+    if kind == "f" and math.isfinite(total):
+        return
     import numpy as np
 
-    if array.dtype.kind in "fc" and array.size and not np.isfinite(array.sum()):
-        if not np.isfinite(array).all():  # not just an overflowing sum
-            bad = int(np.flatnonzero(~np.isfinite(array.ravel()))[0])
-            raise ContractError(f"item {key!r}: field {name!r} holds {array.ravel()[bad]} (flat index {bad}); "
-                                "list the field under the stage's allow_nonfinite if that is a valid result")
+    if not np.isfinite(array).all():  # not just an overflowing sum
+        bad = int(np.flatnonzero(~np.isfinite(array.ravel()))[0])
+        raise ContractError(f"item {key!r}: field {name!r} holds {array.ravel()[bad]} (flat index {bad}); "
+                            "list the field under the stage's allow_nonfinite if that is a valid result")
+
+
+def all_finite(arrays: list) -> bool:
+    """True if no float array in ``arrays`` holds NaN or infinity (one sum over all of them)."""
+    import numpy as np
+
+    floats = [a.ravel() for a in arrays if a.dtype.kind == "f" and a.size]
+    return not floats or bool(math.isfinite(np.concatenate(floats).sum(dtype=np.float64)))
 
 
 class ArkField(_Field):
@@ -203,21 +220,24 @@ class ArkField(_Field):
     order, so the shard's files do not depend on the processing order."""
 
     def __init__(self, *args):
+        import kaldiio
+        import numpy
+
         super().__init__(*args)
         self.ark_path = (self.shard_dir / f"{self.name}.ark").absolute()
         self.ark = open(self.ark_path, "wb")
+        self.end = 0  # where the next record starts
         self.spans: list[tuple[int, int]] = []  # (start, end) of each record, in written order
         self.compression = self.options.get("compression_method")
+        self._save_ark, self._ndarray = kaldiio.save_ark, numpy.ndarray
 
-    def write(self, key: str, value) -> None:
-        import kaldiio
-
-        array = to_numpy(value)
-        if not self.allow_nonfinite:
+    def write(self, key: str, value, checked: bool = False) -> None:
+        array = value if type(value) is self._ndarray else to_numpy(value)
+        if not (checked or self.allow_nonfinite):
             check_finite(array, key, self.name)
-        start = self.ark.tell()
+        start = self.end
         try:
-            kaldiio.save_ark(self.ark, {key: array}, compression_method=self.compression)
+            self._save_ark(self.ark, {key: array}, compression_method=self.compression)
         except (AssertionError, ValueError, TypeError):  # kaldiio asserts on dtype and shape
             self.ark.seek(start)
             self.ark.truncate()
@@ -226,9 +246,18 @@ class ArkField(_Field):
                 "holds float32/float64 vectors and matrices and int32 vectors (compressed: matrices only); cast "
                 f"it in forward, or set stages.<stage>.outputs.{self.name}.format: npy"
             ) from None
-        self.spans.append((start, self.ark.tell()))
+        self.end = self.ark.tell()
+        self.spans.append((start, self.end))
         self.index.write(f"{key} {self.ark_path}:{start + len(key.encode()) + 1}\n")
         self.keys.append(key)
+
+    def write_column(self, keys: list[str], values: list) -> None:
+        """Many keys at once: one NaN/inf check over all their arrays (per-array checks cost more than
+        the writes for small arrays), then the writes."""
+        arrays = [v if type(v) is self._ndarray else to_numpy(v) for v in values]
+        checked = self.allow_nonfinite or all_finite(arrays)
+        for key, array in zip(keys, arrays):
+            self.write(key, array, checked)
 
     def close(self, order):
         self.ark.flush()
@@ -382,9 +411,11 @@ class FieldWriters:
             writer.write(key, value)
 
     def write_many(self, keys: list[str], results: list) -> bool:
-        """Write a slice of results in one go when all are plain: dicts with the same scalar fields,
-        already-open text writers or none, no ``key`` field, no newline. Returns False, having written
-        nothing, for anything else (the caller then goes item by item, which writes or raises the precise error)."""
+        """Write a slice of results field by field when all are alike: dicts with the same fields, no
+        ``key`` field, each field's values of one type (and the kind its writer has). Plain scalars go
+        out as one block of text. Returns False, having written nothing, for anything else (the caller
+        then goes item by item, which writes or raises the precise error); a value its writer refuses
+        raises that writer's error, naming key and field, as the item path would."""
         try:
             names = list(results[0])
             if "key" in names or sum(map(len, results)) != len(names) * len(results):
@@ -392,25 +423,33 @@ class FieldWriters:
             columns = [list(map(itemgetter(name), results)) for name in names]
         except (TypeError, KeyError, IndexError):  # not mappings, or same field count with other names
             return False
-        blocks = []
+        text_blocks, typed = [], []
         for name, values in zip(names, columns):
-            writer = self.writers.get(name)
-            if (writer is not None and type(writer) is not TextField) or name in self.outputs:
-                return False
             types = set(map(type, values))
-            if not types <= _PLAIN_TYPES:
+            if len(types) != 1 and not types <= _PLAIN_TYPES:
                 return False
+            kind = value_kind(values[0])
+            writer = self.writers.get(name)
+            if kind is None or (writer is not None and self.kinds[name] != kind):
+                return False
+            plain_text = types <= _PLAIN_TYPES and name not in self.outputs and (writer is None or type(writer) is TextField)
+            if not plain_text:
+                typed.append((name, values, kind))
+                continue
             if float in types and name not in self.allow_nonfinite and not all(
                     math.isfinite(v) for v in values if type(v) is float):
                 return False  # a NaN or inf: the item-by-item path names it
             text = "".join([f"{k} {v}\n" for k, v in zip(keys, values)])
             if text.count("\n") != len(keys):  # a value held a newline
                 return False
-            blocks.append((name, text))
-        for name, text in blocks:
+            text_blocks.append((name, text))
+        for name, text in text_blocks:
             writer = self.writers.get(name) or self._open(name, keys[0], "", "scalar")
             writer.index.write(text)
             writer.keys.extend(keys)
+        for name, values, kind in typed:
+            writer = self.writers.get(name) or self._open(name, keys[0], values[0], kind)
+            writer.write_column(keys, values)
         return True
 
     def close(self) -> list[str]:
