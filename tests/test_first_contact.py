@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import make_kaldi_dir, read_config, run_cli, run_snakemake, write_config
+from conftest import keep_only_stage, make_kaldi_dir, read_config, run_cli, run_snakemake, write_config
 
 TOY = Path("results/upper/toy")
 CONSOLE_SCRIPT = str(Path(sys.executable).parent / "snakeshard")
@@ -94,7 +94,7 @@ def test_missing_dataset_path_names_config_key_and_base_dir(toy_workdir):
 def test_status_into_a_closed_pipe_ends_quietly(workdir):
     """3,000 shards (~150 kB of status, more than a pipe holds): `| head -3` gives 3 lines and no traceback."""
     make_kaldi_dir(workdir / "data/many", [f"u{i:05d}" for i in range(3000)], Path("data/demo/wav/cards-001.wav"))
-    config = read_config(workdir)
+    config = keep_only_stage(read_config(workdir), "asr")
     config["datasets"] = {"many": {"path": "data/many"}}
     config["stages"]["asr"].update(datasets=["many"], sharding={"shard_size": 1}, report_wer=False)
     write_config(workdir, config)
@@ -228,13 +228,13 @@ class NoModelProvider(EnvironmentProvider):
 class ListRunner(BaseRunner):
     @staticmethod
     def forward(key, *, model):
-        return {"text": [key, model]}
+        return {"text": {key, model}}
 '''
 
 
 @pytest.mark.parametrize("runner, message", [
     ("Runner", "Runner.forward needs env key 'tokenizer', but the provider gave only ['model']"),
-    ("ListRunner", "field 'text' is a list; the default writer takes str/int/float/bool"),
+    ("ListRunner", "field 'text' is a set; the default writers take str/int/float/bool, numpy arrays"),
 ])
 def test_broken_stage_fails_in_its_canary_and_no_shard_job_starts(toy_workdir, runner, message):
     (toy_workdir / "broken.py").write_text(MISSING_ENV)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_config, run_cli, write_config
+from conftest import keep_only_stage, read_config, run_cli, write_config
 from test_first_contact import MISSING_ENV
 
 
@@ -68,6 +68,7 @@ def set_stage(workdir: Path, stage: str, **changes) -> None:
 def test_demo_through_slurm_is_byte_identical_to_local(workdir, clean_demo_text):
     """The demo pipeline submitted as SLURM jobs: the canary (on in the SLURM profile), then 2 shard jobs;
     the merged text equals the local run's bytes."""
+    write_config(workdir, keep_only_stage(read_config(workdir), "asr"))
     run = run_slurm(workdir)
     assert run.returncode == 0, run.stderr[-3000:]
     logs = list(submitted(run.stdout + run.stderr).values())  # plan, merge and wer stay local

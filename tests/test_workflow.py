@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import read_config, run_cli, run_snakemake, write_config
+from conftest import keep_only_stage, read_config, run_cli, run_snakemake, write_config
 
 SET = Path("results/asr/demo")
 TOY = Path("results/upper/toy")
@@ -123,7 +123,7 @@ def _shard_process(workdir: Path, shard: int):
 
 
 def _slow_demo(workdir: Path) -> None:
-    config = read_config(workdir)
+    config = keep_only_stage(read_config(workdir), "asr")
     config["stages"]["asr"]["provider_config"] = {"item_delay": 0.4}
     config["stages"]["asr"]["fingerprint_ignore"] = ["item_delay"]
     write_config(workdir, config)

@@ -68,7 +68,6 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
     stages = config.get("stages", {})
     for name, ds in datasets.items():
         check_dataset_source(name, ds, stages)
-    upstream_of(config)  # no cycles
     for name, stage in stages.items():
         for ds in stage["datasets"]:
             if ds not in datasets:
@@ -88,6 +87,7 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
         runner_source = check_import_path(stage["runner"], f"stages.{name}.runner")
         if runner_source is not None:
             check_runner_source(stage["runner"], f"stages.{name}.runner", *runner_source)
+    upstream_of(config)  # chained datasets form no loop
 
 
 def check_dataset_source(name: str, ds: dict, stages: dict) -> None:
