@@ -253,3 +253,72 @@ def test_failed_merge_after_success_leaves_no_merged_json(tmp_path):
     frag = set_dir / "split.1/text"
     frag.write_bytes(frag.read_bytes()[:-1])
     refuse(set_dir, plan)
+
+
+class ArrayRunner(BaseRunner):
+    """Writes a float32 matrix per key (ark), a wav per key and, for keys from utt05 on, ``kind`` as a dict."""
+
+    @staticmethod
+    def forward(key):
+        import numpy as np
+
+        from snakeshard import Audio
+
+        n = int(key[3:])
+        return {"feats": np.full((n + 1, 2), n, np.float32), "wav": Audio(np.full(160, n, np.int16), 16000)}
+
+
+class MixedKindRunner(BaseRunner):
+    """``x`` is an array in the first shard (utt00-utt02), a dict after: shards disagree on its type."""
+
+    @staticmethod
+    def forward(key):
+        import numpy as np
+
+        return {"x": np.zeros(2, np.float32) if int(key[3:]) < 3 else {"v": 1}}
+
+
+def test_typed_fields_merge_to_absolute_scp_and_fields_json(tmp_path):
+    """Arrays and audio from 3 shards: feats.scp and wav.scp list every key in plan order, with absolute paths
+    that kaldiio and soundfile read; fields.json says ark and wav."""
+    import kaldiio
+    import soundfile
+
+    set_dir, plan = make_set(tmp_path, ArrayRunner)
+    merge_set(set_dir, plan, STAGE_FP, ArrayRunner)
+    feats = kaldiio.load_scp(str(set_dir / "feats.scp"))
+    assert list(feats) == KEYS and feats["utt07"].shape == (8, 2) and (feats["utt07"] == 7).all()
+    wavs = dict(line.split() for line in (set_dir / "wav.scp").read_text().splitlines())
+    assert list(wavs) == KEYS and all(Path(p).is_absolute() for p in wavs.values())
+    assert (soundfile.read(wavs["utt03"], dtype="int16")[0] == 3).all()
+    fields = json.loads((set_dir / "fields.json").read_text())
+    assert fields == {"feats": {"format": "ark", "index": "feats.scp"}, "wav": {"format": "wav", "index": "wav.scp"}}
+
+
+def test_refuses_a_truncated_or_missing_ark_and_a_missing_wav(tmp_path):
+    """After the shards are done: split.2's ark cut short -> its last record does not read; split.1's ark
+    deleted -> named as missing; a wav of split.0 deleted -> key and path named. Each with no merged.json."""
+    set_dir, plan = make_set(tmp_path, ArrayRunner)
+    ark = set_dir / "split.2/feats.ark"
+    ark.write_bytes(ark.read_bytes()[:-10])
+    msg = refuse(set_dir, plan, ArrayRunner)
+    assert f"{set_dir}/split.2/feats.scp: key 'utt09': no readable record at {ark.absolute()}:" in msg
+    assert f"--forcerun {set_dir}/split.2/done" in msg
+
+    (tmp_path / "b").mkdir()
+    set_dir, plan = make_set(tmp_path / "b", ArrayRunner)
+    (set_dir / "split.1/feats.ark").unlink()
+    assert f"split.1/feats.scp: its ark {(set_dir / 'split.1/feats.ark').absolute()} does not exist" in \
+        refuse(set_dir, plan, ArrayRunner)
+
+    (tmp_path / "c").mkdir()
+    set_dir, plan = make_set(tmp_path / "c", ArrayRunner)
+    (set_dir / "split.0/wav/utt01.wav").unlink()
+    assert "split.0/wav.scp: key 'utt01' points at" in refuse(set_dir, plan, ArrayRunner)
+
+
+def test_refuses_a_field_whose_type_differs_between_shards(tmp_path):
+    """x is an ark in shard 0 and JSON Lines in shards 1 and 2: MergeError naming the field and both."""
+    set_dir, plan = make_set(tmp_path, MixedKindRunner)
+    msg = refuse(set_dir, plan, MixedKindRunner)
+    assert "field 'x' is {'format': 'jsonl', 'index': 'x.jsonl'} in" in msg and "but {'format': 'ark'" in msg

@@ -453,3 +453,17 @@ def test_vad_output_dir_is_a_kaldi_data_dir(tmp_path):
         assert segments[key] and all(0 <= s["start"] < s["end"] <= len(whole) / rate for s in segments[key])
         # the cut runs from the first onset to the last offset (segment times are rounded to the millisecond)
         assert abs(len(cut) - (segments[key][-1]["end"] - segments[key][0]["start"]) * rate) <= 16
+
+
+@pytest.mark.parametrize("stage, message", [
+    ({"outputs": {"cube": {"format": "zip"}}}, r"stages\.typed\.outputs\.cube\.format: 'zip' is not one of"),
+    ({"outputs": {"cube": {"format": "ark", "subtype": "PCM_16"}}},
+     r"stages\.typed\.outputs\.cube\.subtype: format 'ark' takes \['compression_method'\]"),
+    ({"outputs": {"done": {"format": "text"}}}, r"stages\.typed\.outputs\.done: 'done' cannot be a result field's file name"),
+    ({"sort_by_length": True}, r"stages\.typed\.sort_by_length: sorting needs batches: set batch_size or batch_seconds"),
+    ({"batch_seconds": 0}, r"stages\.typed\.batch_seconds: 0 is less than or equal to the minimum of 0"),
+])
+def test_bad_output_and_batching_config_fails_the_dry_run_naming_the_key(tmp_path, stage, message):
+    wd = typed_project(tmp_path / "wf", **stage)
+    dry = run_snakemake(wd, "-n")
+    assert dry.returncode != 0 and re.search(message, dry.stdout + dry.stderr), dry.stdout[-2000:]

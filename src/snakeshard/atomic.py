@@ -12,8 +12,8 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, fsync: bool = True)
     atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = True) -> None:
-    """Write ``data`` to a temp file beside ``path`` and rename it into place.
+def atomic_write_bytes(path: str | os.PathLike, data: bytes | list[bytes], *, fsync: bool = True) -> None:
+    """Write ``data`` (bytes, or a list of parts) to a temp file beside ``path`` and rename it into place.
 
     A kill -9 at any point leaves either the old file or the new one, never a
     truncated one. ``fsync`` also survives power loss; skip it for files that can
@@ -26,7 +26,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = Tr
         # so teammates on a shared filesystem can read results.
         os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            f.writelines([data] if isinstance(data, bytes) else data)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())

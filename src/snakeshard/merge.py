@@ -153,11 +153,11 @@ def merge_fragments(shard_dirs: list[Path], output_dir: Path) -> list[str]:
     shard_keys = None
     for name in names:
         if name in by_index:
-            data = b"".join(_checked_index(d, done, by_index[name]) for d, done in zip(shard_dirs, dones))
+            parts = [_checked_index(d, done, by_index[name]) for d, done in zip(shard_dirs, dones)]
         else:
             shard_keys = shard_keys or [read_shard_keys(d) for d in shard_dirs]
-            data = "".join(_checked_lines(d, name, keys) for d, keys in zip(shard_dirs, shard_keys)).encode()
-        atomic_write_bytes(Path(output_dir) / name, data)
+            parts = [_checked_lines(d, name, keys).encode() for d, keys in zip(shard_dirs, shard_keys)]
+        atomic_write_bytes(Path(output_dir) / name, parts)  # written part by part: no joined copy
     if fields:
         atomic_write_json(Path(output_dir) / FIELDS_FILE, fields)
         names.append(FIELDS_FILE)
@@ -215,14 +215,19 @@ def _check_ark_sample(index: Path, data: bytes, ark: str) -> None:
 
     if not os.path.exists(ark):
         raise MergeError(f"{index}: its ark {ark} does not exist")
-    lines = data.split(b"\n")[:-1]
-    for line in {lines[0], lines[len(lines) // 2], lines[-1]} if lines else ():
+    for line in {_line_at(data, 0), _line_at(data, len(data) // 2), _line_at(data, len(data) - 1)} if data else ():
         key, _, value = line.decode("utf-8").partition(" ")
         try:
             kaldiio.load_mat(value)
         except Exception as e:  # kaldiio raises ValueError, struct.error, EOFError, ... on a bad offset
             raise MergeError(f"{index}: key {key!r}: no readable record at {value} ({type(e).__name__}: {e}): "
                              f"rerun the shard: {rerun_command(index.parent / 'done')}") from None
+
+
+def _line_at(data: bytes, pos: int) -> bytes:
+    """The line of ``data`` (newline-terminated lines) that holds byte ``pos``, without its newline."""
+    start = data.rfind(b"\n", 0, pos) + 1
+    return data[start:data.index(b"\n", pos)]
 
 
 def _checked_lines(shard_dir: Path, name: str, keys: list[str]) -> str:

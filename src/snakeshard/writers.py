@@ -89,7 +89,9 @@ def index_file(name: str, fmt: str) -> str:
 def check_outputs_config(outputs: dict, where: str) -> None:
     """``stages.X.outputs``: known formats, options that format takes, usable field names."""
     for name, spec in (outputs or {}).items():
-        check_field_name(name, f"{where}.{name}")
+        if not usable_field_name(name):
+            raise ConfigError(f"{where}.{name}: {name!r} cannot be a result field's file name "
+                              f"(letters, digits, _ . -; not one of {sorted(RESERVED_NAMES)})")
         fmt = spec.get("format")
         if fmt is not None and fmt not in FORMAT_KINDS:
             raise ConfigError(f"{where}.{name}.format: {fmt!r} is not one of {sorted(FORMAT_KINDS)}")
@@ -99,8 +101,12 @@ def check_outputs_config(outputs: dict, where: str) -> None:
             raise ConfigError(f"{where}.{name}.{extra[0]}: format {fmt!r} takes {takes}")
 
 
+def usable_field_name(name: str) -> bool:
+    return bool(FIELD_NAME.fullmatch(name)) and name not in RESERVED_NAMES
+
+
 def check_field_name(name: str, where: str) -> None:
-    if not FIELD_NAME.fullmatch(name) or name in RESERVED_NAMES:
+    if not usable_field_name(name):
         raise ContractError(f"{where}: result field {name!r} cannot be used as a file name "
                             f"(letters, digits, _ . -; not one of {sorted(RESERVED_NAMES)})")
 
@@ -227,37 +233,38 @@ class ArkField(_Field):
         self.ark_path = (self.shard_dir / f"{self.name}.ark").absolute()
         self.ark = open(self.ark_path, "wb")
         self.end = 0  # where the next record starts
-        self.spans: list[tuple[int, int]] = []  # (start, end) of each record, in written order
         self.compression = self.options.get("compression_method")
         self._save_ark, self._ndarray = kaldiio.save_ark, numpy.ndarray
 
-    def write(self, key: str, value, checked: bool = False) -> None:
-        array = value if type(value) is self._ndarray else to_numpy(value)
-        if not (checked or self.allow_nonfinite):
-            check_finite(array, key, self.name)
-        start = self.end
+    def write(self, key: str, value) -> None:
+        self.write_column([key], [value])
+
+    def write_column(self, keys: list[str], values: list) -> None:
+        """Many keys at once: one NaN/inf check over all their arrays (per-array checks cost more than
+        the writes for small arrays), then the writes, then their index lines in one go."""
+        arrays = [v if type(v) is self._ndarray else to_numpy(v) for v in values]
+        if not (self.allow_nonfinite or all_finite(arrays)):
+            for key, array in zip(keys, arrays):  # find the key, name it
+                check_finite(array, key, self.name)
+        save, ark, compression, ark_path = self._save_ark, self.ark, self.compression, self.ark_path
+        start, lines = self.end, []
         try:
-            self._save_ark(self.ark, {key: array}, compression_method=self.compression)
+            for key, array in zip(keys, arrays):
+                save(ark, {key: array}, compression_method=compression)
+                lines.append(f"{key} {ark_path}:{start + len(key.encode()) + 1}\n")
+                start = ark.tell()
         except (AssertionError, ValueError, TypeError):  # kaldiio asserts on dtype and shape
-            self.ark.seek(start)
-            self.ark.truncate()
+            ark.seek(start)
+            ark.truncate()
             raise ContractError(
                 f"item {key!r}: field {self.name!r} is a {array.dtype} array of shape {array.shape}: a Kaldi ark "
                 "holds float32/float64 vectors and matrices and int32 vectors (compressed: matrices only); cast "
                 f"it in forward, or set stages.<stage>.outputs.{self.name}.format: npy"
             ) from None
-        self.end = self.ark.tell()
-        self.spans.append((start, self.end))
-        self.index.write(f"{key} {self.ark_path}:{start + len(key.encode()) + 1}\n")
-        self.keys.append(key)
-
-    def write_column(self, keys: list[str], values: list) -> None:
-        """Many keys at once: one NaN/inf check over all their arrays (per-array checks cost more than
-        the writes for small arrays), then the writes."""
-        arrays = [v if type(v) is self._ndarray else to_numpy(v) for v in values]
-        checked = self.allow_nonfinite or all_finite(arrays)
-        for key, array in zip(keys, arrays):
-            self.write(key, array, checked)
+        finally:
+            self.end = start
+            self.index.write("".join(lines))
+            self.keys.extend(keys[:len(lines)])
 
     def close(self, order):
         self.ark.flush()
@@ -269,20 +276,24 @@ class ArkField(_Field):
         return {**super().meta(), "ark": str(self.ark_path)}
 
     def _reorder(self, order: list[str]) -> None:
-        span = dict(zip(self.keys, self.spans))
+        """Copy each record's bytes into a new ark in plan order. Records lie back to back in written
+        order, so each one runs from its key to where the next one's key starts."""
+        index = self.shard_dir / self.index_name
+        starts = [int(line.rpartition(":")[2]) - len(key.encode()) - 1
+                  for key, line in zip(self.keys, index.read_text(encoding="utf-8").splitlines())]
+        span = dict(zip(self.keys, zip(starts, starts[1:] + [self.end])))
         tmp = self.ark_path.with_name(f".{self.ark_path.name}.ordered")
-        index = []
+        lines = []
         with open(self.ark_path, "rb") as src, open(tmp, "wb") as dst:
             for key in order:
                 start, end = span[key]
                 src.seek(start)
-                new_start = dst.tell()
+                lines.append(f"{key} {self.ark_path}:{dst.tell() + len(key.encode()) + 1}\n")
                 dst.write(src.read(end - start))
-                index.append(f"{key} {self.ark_path}:{new_start + len(key.encode()) + 1}\n")
             dst.flush()
             os.fsync(dst.fileno())
         os.replace(tmp, self.ark_path)
-        _rewrite(self.shard_dir / self.index_name, "".join(index))
+        _rewrite(index, "".join(lines))
 
 
 class _PerKeyFileField(_Field):
