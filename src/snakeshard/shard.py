@@ -79,6 +79,8 @@ def _plan_batches(runner_cls, env, keys, batch_size, batch_seconds, sort_by_leng
                 lengths.append(float(runner_cls.item_length(key, **env)))
             except SnakeshardError as e:
                 raise ShardError(f"{where}: item {key!r}: its length for batching: {e}") from None
+            except Exception as e:  # a runner's own item_length: its traceback goes to the log
+                raise ShardError(f"{where}: item {key!r}: its length for batching: {type(e).__name__}: {e}") from e
     else:
         lengths = [1.0] * len(keys)
     batches = plan_batches(lengths, batch_size=batch_size, batch_seconds=batch_seconds,
@@ -225,7 +227,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
         "fingerprint": fingerprint,
         "inputs": inputs,
         "fragments": list(fragments),
-        "fields": getattr(writers, "fields", None) if isinstance(writers, FieldWriters) else None,
+        "fields": writers.fields if isinstance(writers, FieldWriters) else None,  # what the merge checks
         "start": round(started, 3),
         "end": round(time.time(), 3),
         "host": socket.gethostname(),

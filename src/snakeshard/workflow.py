@@ -14,8 +14,7 @@ from pathlib import Path
 from snakeshard import __version__
 from snakeshard.atomic import write_if_changed
 from snakeshard.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
-from snakeshard.errors import ConfigError
-from snakeshard.errors import DataError
+from snakeshard.errors import ConfigError, DataError
 from snakeshard.fingerprint import (audio_identity, digest, inputs_digest, keys_text, records_digest,
                                     shard_fingerprint, shard_inputs_text, stage_fingerprint)
 from snakeshard.plan import ensure_plan, read_audio_files, read_shard_keys
@@ -97,8 +96,7 @@ def check_dataset_source(name: str, ds: dict, stages: dict) -> None:
         raise ConfigError(f"{where}: give either path (a Kaldi data dir or .jsonl) or from_stage + dataset "
                           "(another stage's merged output)")
     if "from_stage" not in ds:
-        extra = "dataset" if "dataset" in ds else None
-        if extra:
+        if "dataset" in ds:
             raise ConfigError(f"{where}.dataset: only a from_stage dataset names an upstream dataset")
         return
     stage = ds["from_stage"]
