@@ -467,3 +467,24 @@ def test_bad_output_and_batching_config_fails_the_dry_run_naming_the_key(tmp_pat
     wd = typed_project(tmp_path / "wf", **stage)
     dry = run_snakemake(wd, "-n")
     assert dry.returncode != 0 and re.search(message, dry.stdout + dry.stderr), dry.stdout[-2000:]
+
+
+def test_shipped_chain_an_upstream_edit_reruns_its_consumers_and_nothing_else(tmp_path):
+    """The shipped config (fbank over demo_vad = vad's output, and over demo): a vad threshold edit reruns vad's 2
+    shards and fbank's 2 shards over demo_vad; fbank's shards over demo and asr's keep their done files."""
+    pytest.importorskip("silero_vad")
+    wd = copy_workflow(tmp_path / "wf")
+    config = read_config(wd)
+    # the chained dataset first: the canary must still be over demo, or it would rerun with vad and take
+    # fbank's demo shards with it
+    config["stages"]["fbank"]["datasets"] = ["demo_vad", "demo"]
+    write_config(wd, config)
+    assert run_snakemake(wd).returncode == 0
+    kept = {p: p.read_bytes() for p in (wd / "results").glob("*/demo/split.*/done") if "/vad/" not in str(p)}
+    config = read_config(wd)
+    config["stages"]["vad"]["provider_config"] = {"threshold": 0.6}
+    write_config(wd, config)
+    run = run_snakemake(wd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(ran(run)) == ["shard_fbank"] * 2 + ["shard_vad"] * 2
+    assert all(p.read_bytes() == data for p, data in kept.items()) and len(kept) == 4  # asr 2, fbank/demo 2

@@ -425,15 +425,19 @@ class Workflow:
 
     def _prepare_canary(self, stage: str) -> dict:
         """The canary's dir (under the stage fingerprint, see canary.smk) and its keys: the first N of
-        the stage's first dataset, rewritten only when they change."""
-        ds = self.config["stages"][stage]["datasets"][0]
+        the stage's first dataset read from disk (else its first, a chained one), rewritten only when they
+        change. A canary over a chained dataset waits for the upstream merge, and reruns with it: it would
+        then rerun the stage's shards over every other dataset too, so those come first."""
+        datasets = self.config["stages"][stage]["datasets"]
+        ds = next((d for d in datasets if (stage, d) not in self.upstream), datasets[0])
         base = set_dir(self.config, stage, ds)
         n = canary_items(self.config, stage)
         keys = read_shard_keys(f"{base}/split.0")[:n] if n else []  # off: read nothing at parse
         stage_fp = self.stage_fps[stage, ds]
         canary_dir = f"{self.out}/{stage}/{CANARY_DIR}/{stage_fp}"
         write_if_changed(f"{canary_dir}/keys", keys_text(keys))
-        return {"dir": canary_dir, "items": len(keys), "spec": f"{base}/spec.json", "fingerprint": stage_fp}
+        return {"dir": canary_dir, "items": len(keys), "spec": f"{base}/spec.json", "fingerprint": stage_fp,
+                "upstream": self.upstream_merged(stage, ds)}
 
     def shard_inputs_arg(self, stage: str, dataset: str, shard: int) -> str:
         """The shard job's ``--inputs``: the text its fingerprint digests (see fingerprint.shard_inputs_text)."""

@@ -15,14 +15,13 @@
 
 for _stage, _canary in WF.canaries.items():
     _resources = _shard_rule_functions(_stage)[1]  # the shard jobs' resources (and, below, retries)
-    # A canary over a chained dataset reads the upstream merged output: it waits for it to exist.
-    _first = (_stage, config["stages"][_stage]["datasets"][0])
 
     rule:
         name:
             f"canary_{_stage}"
         input:
-            [ancient(path) for path in WF.upstream_merged(*_first)],
+            # a canary over a chained dataset reads the upstream's merged output: it waits for it
+            [ancient(path) for path in _canary["upstream"]],
         output:
             done=f"{_canary['dir']}/done",
         log:
