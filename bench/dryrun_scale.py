@@ -13,13 +13,12 @@ sides are interleaved; the table gives medians and the ratio snakeshard / raw.
 from __future__ import annotations
 
 import argparse
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from benchlib import timed_run
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "bench" / "work" / "dryrun"
@@ -86,19 +85,9 @@ def make_raw(root: Path, n: int) -> None:
         (root / "in" / str(i) / "keys").write_text(f"utt{i:07d}\n")
 
 
-def cpu_children() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
 def dryrun(root: Path) -> tuple[float, float]:
     """(wall s, CPU s) of one `snakemake -n`; CPU time is less sensitive to other load on the machine."""
-    t0, c0 = time.perf_counter(), cpu_children()
-    proc = subprocess.run(DRYRUN, cwd=root, capture_output=True, text=True)
-    wall, cpu = time.perf_counter() - t0, cpu_children() - c0
-    if proc.returncode != 0:
-        sys.exit(f"snakemake -n failed in {root}:\n{proc.stdout}\n{proc.stderr}")
-    return wall, cpu
+    return timed_run(DRYRUN, root, "snakemake -n")
 
 
 def bench_size(n: int, repeats: int) -> dict:

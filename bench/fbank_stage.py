@@ -18,18 +18,14 @@ feats.scp and the loop's hold equal matrices for a sample of 50 keys.
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import random
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from benchlib import machine_info, timed_run
 from dryrun_scale import REPO, copy_workflow
 
 WORK = REPO / "bench" / "work" / "fbank_stage"
@@ -53,20 +49,6 @@ stages:
 """
 
 
-def machine_info() -> str:
-    cpu = "?"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    import snakemake
-
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (f"{datetime.datetime.now():%Y-%m-%d %H:%M}, nproc {os.cpu_count()}, CPU {cpu}, "
-            f"Python {platform.python_version()}, snakemake {snakemake.__version__}, load average {load}")
-
-
 def make_data(data: Path, n: int) -> None:
     """wav.scp (absolute paths), utt2spk and utt2dur of n keys cycling through the demo wavs."""
     demo = [line.split(" ", 1) for line in (DEMO / "wav.scp").read_text().splitlines()]
@@ -84,21 +66,11 @@ def make_data(data: Path, n: int) -> None:
     (data / "utt2dur").write_text("".join(dur))
 
 
-def cpu_children() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
 def run_snakeshard(root: Path) -> tuple[float, float]:
     """(wall s, CPU s of all child processes) of one clean `snakemake --profile config/profiles/local --cores 2`."""
     for name in ("results", ".snakemake"):
         shutil.rmtree(root / name, ignore_errors=True)
-    t0, c0 = time.perf_counter(), cpu_children()
-    proc = subprocess.run(SNAKEMAKE, cwd=root, capture_output=True, text=True)
-    wall, cpu = time.perf_counter() - t0, cpu_children() - c0
-    if proc.returncode != 0:
-        sys.exit(f"snakemake failed in {root}:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}")
-    return wall, cpu
+    return timed_run(SNAKEMAKE, root, "snakemake")
 
 
 def run_loop(data: Path, out: Path) -> tuple[float, float]:
@@ -146,7 +118,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
-    print(f"- {machine_info()}")
+    import snakemake
+
+    print(f"- {machine_info(snakemake=snakemake.__version__)}")
     shutil.rmtree(WORK, ignore_errors=True)
     root = WORK / "project"
     copy_workflow(root)

@@ -22,6 +22,7 @@ import statistics
 import time
 from pathlib import Path
 
+from benchlib import rotated
 from snakeshard import BaseRunner
 from snakeshard.fingerprint import keys_text
 from snakeshard.shard import run_shard_dir
@@ -100,9 +101,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in CASES}
     with open(WORK / "job.log", "w") as log, contextlib.redirect_stderr(log):  # like `> {log} 2>&1`
         for rep in range(args.repeats + 1):  # round 0 warms up and is not counted
-            names = list(CASES)
-            names = names[rep % len(names):] + names[:rep % len(names)]  # rotate the order each round
-            for name in names:
+            for name in rotated(CASES, rep):
                 fn, kwargs, _ = CASES[name]
                 t0 = time.perf_counter()
                 fn(dirs[name], **kwargs)

@@ -20,9 +20,7 @@ feats.scp is byte for byte the cat output.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import shlex
 import shutil
 import statistics
@@ -32,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchlib import machine_info, rotated
 from snakeshard import BaseRunner
 from snakeshard.fingerprint import keys_text
 from snakeshard.merge import merge_fragments
@@ -45,18 +44,6 @@ class ZeroRunner(BaseRunner):
     @staticmethod
     def forward(key, *, zero):
         return {"feats": zero}
-
-
-def machine_info() -> str:
-    cpu = "?"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (f"{datetime.datetime.now():%Y-%m-%d %H:%M}, nproc {os.cpu_count()}, CPU {cpu}, "
-            f"Python {platform.python_version()}, load average {load}")
 
 
 def build_shards(root: Path, shards: int, per_shard: int) -> list[Path]:
@@ -112,9 +99,7 @@ def main() -> None:
         outs[name].mkdir(parents=True)
     times: dict[str, list[float]] = {name: [] for name in CASES}
     for rep in range(args.repeats + 1):  # round 0 warms the page cache and is not counted
-        names = list(CASES)
-        names = names[rep % len(names):] + names[:rep % len(names)]
-        for name in names:
+        for name in rotated(CASES, rep):
             fn, kwargs, _ = CASES[name]
             t0 = time.perf_counter()
             fn(shard_dirs, outs[name], **kwargs)

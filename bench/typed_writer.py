@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import os
-import platform
 import shutil
 import statistics
 import time
@@ -31,6 +29,7 @@ from pathlib import Path
 import kaldiio
 import numpy as np
 
+from benchlib import machine_info, rotated
 from snakeshard import BaseRunner
 from snakeshard.fingerprint import keys_text
 from snakeshard.shard import run_shard_dir
@@ -43,18 +42,6 @@ class ArrayRunner(BaseRunner):
     @staticmethod
     def forward(key, *, arrays):
         return {"feats": arrays[key]}
-
-
-def machine_info() -> str:
-    cpu = "?"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (f"{datetime.datetime.now():%Y-%m-%d %H:%M}, nproc {os.cpu_count()}, CPU {cpu}, "
-            f"Python {platform.python_version()}, numpy {np.__version__}, load average {load}")
 
 
 def bare_loop(shard_dir: Path, arrays: dict, fsync: bool = False) -> None:
@@ -97,7 +84,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
 
-    print(f"- {machine_info()}")
+    print(f"- {machine_info(numpy=np.__version__)}")
     shutil.rmtree(WORK, ignore_errors=True)
     keys = [f"spk{i // 100:04d}-utt{i:07d}" for i in range(args.items)]
     data = np.random.default_rng(0).standard_normal((args.items, *SHAPE)).astype(np.float32)
@@ -111,9 +98,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in CASES}
     with open(WORK / "job.log", "w") as log, contextlib.redirect_stderr(log):  # like `> {log} 2>&1`
         for rep in range(args.repeats + 1):  # round 0 warms up and is not counted
-            names = list(CASES)
-            names = names[rep % len(names):] + names[:rep % len(names)]  # rotate the order each round
-            for name in names:
+            for name in rotated(CASES, rep):
                 fn, kwargs = CASES[name]
                 t0 = time.perf_counter()
                 fn(dirs[name], arrays, **kwargs)

@@ -22,9 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import os
-import platform
 import random
 import shutil
 import statistics
@@ -32,6 +29,8 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from benchlib import machine_info, rotated
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "bench" / "work" / "vad_batching"
@@ -51,20 +50,6 @@ CASES = {  # name -> SileroVadRunner options
     "batch_seconds 30, sorted": {"batch_seconds": 30, "sort_by_length": True},
     "batch_seconds 60, sorted": {"batch_seconds": 60, "sort_by_length": True},
 }
-
-
-def machine_info() -> str:
-    import torch
-
-    cpu = "?"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (f"{datetime.datetime.now():%Y-%m-%d %H:%M}, nproc {os.cpu_count()}, CPU {cpu}, "
-            f"Python {platform.python_version()}, torch {torch.__version__}, load average {load}")
 
 
 def synthesize(n: int) -> str:
@@ -133,11 +118,12 @@ def main() -> None:
     args = ap.parse_args()
 
     import numpy as np
+    import torch
 
     from snakeshard.batch import padding_ratio, plan_batches
     from snakeshard.runners.vad import SileroVadProvider, SileroVadRunner
 
-    print(f"- {machine_info()}")
+    print(f"- {machine_info(torch=torch.__version__)}")
     how = make_data(args.utts, args.rebuild)
     keys = [line.split(" ", 1)[0] for line in (DATA / "wav.scp").read_text().splitlines()]
     provider = SileroVadProvider({"dataset": {"path": str(DATA), "format": "kaldi"}})
@@ -152,9 +138,7 @@ def main() -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     with open(WORK / "job.log", "w") as log, contextlib.redirect_stderr(log):  # the batch summary lines
         for rep in range(args.repeats + 1):  # round 0 warms up and is not counted
-            names = list(CASES)
-            names = names[rep % len(names):] + names[:rep % len(names)]
-            for name in names:
+            for name in rotated(CASES, rep):
                 runner = SileroVadRunner(provider, **CASES[name])
                 t0 = time.perf_counter()
                 out = runner(keys)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +64,28 @@ def read_config(workdir: Path) -> dict:
 
 def write_config(workdir: Path, config: dict) -> None:
     (workdir / "config/config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def shard_process(workdir: Path, shard: int):
+    """The `snakeshard run-shard` process of ``shard`` running in ``workdir`` (other test runs may be alive)."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        cmd = proc.info["cmdline"] or []
+        if "run-shard" in cmd and proc.info["cwd"] == str(workdir) and cmd[cmd.index("--shard") + 1] == str(shard):
+            return proc
+    return None
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """``predicate()``'s first truthy value, polled every 20 ms; an AssertionError after ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def keep_only_stage(config: dict, stage: str) -> dict:

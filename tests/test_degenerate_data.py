@@ -18,7 +18,6 @@ import soundfile as sf
 
 from conftest import read_config, run_cli, run_snakemake, write_config
 from snakeshard.data import Item, read_items
-from snakeshard.errors import DataError
 from test_inputs_changed import KEYS, SET, make_audio_project, merged, write_wav
 
 ERROR = "snakeshard: error: "

@@ -10,12 +10,10 @@ import re
 import signal
 import subprocess
 import time
-from pathlib import Path
 
-import psutil
 import pytest
 
-from conftest import PROJECT
+from conftest import PROJECT, shard_process
 from test_readme import fenced_blocks, shown_output
 
 
@@ -75,14 +73,6 @@ class SlowEnergyRunner(EnergyRunner):
         time.sleep(0.5)
         return EnergyRunner.forward(key, dataset=dataset, floor_db=floor_db)
 '''
-
-
-def shard_process(project: Path, shard: int):
-    for proc in psutil.process_iter(["cmdline", "cwd"]):
-        cmd = proc.info["cmdline"] or []
-        if "run-shard" in cmd and proc.info["cwd"] == str(project) and cmd[cmd.index("--shard") + 1] == str(shard):
-            return proc
-    return None
 
 
 def test_kill9_of_one_shard_then_rerun_from_the_project(quick_start):

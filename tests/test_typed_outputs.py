@@ -14,16 +14,15 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import kaldiio
 import numpy as np
-import psutil
 import pytest
 import soundfile as sf
 
-from conftest import copy_workflow, make_kaldi_dir, read_config, run_cli, run_snakemake, write_config
+from conftest import (copy_workflow, make_kaldi_dir, read_config, run_cli, run_snakemake, shard_process, wait_for,
+                      write_config)
 from snakeshard import BaseRunner, EnvironmentProvider
 from snakeshard.data import load_dataset
 from snakeshard.errors import ShardError
@@ -312,24 +311,6 @@ def test_fbank_batched_by_count_and_seconds_sorted_or_not_is_byte_identical_to_u
 
 
 # -- kill -9 mid-write of an ark --
-
-def shard_process(workdir: Path, shard: int):
-    for proc in psutil.process_iter(["cmdline", "cwd"]):
-        cmd = proc.info["cmdline"] or []
-        if "run-shard" in cmd and proc.info["cwd"] == str(workdir) and cmd[cmd.index("--shard") + 1] == str(shard):
-            return proc
-    return None
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 def test_kill9_mid_ark_write_then_rerun_is_byte_identical(tmp_path):
     """Shard 0 killed with -9 once its feats.ark holds some records (big arrays, 0.3 s per key): no done, no merge;

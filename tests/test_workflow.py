@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -11,10 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
-import pytest
 
-from conftest import keep_only_stage, read_config, run_cli, run_snakemake, write_config
+from conftest import keep_only_stage, read_config, run_cli, run_snakemake, shard_process, wait_for, write_config
 
 SET = Path("results/asr/demo")
 TOY = Path("results/upper/toy")
@@ -102,26 +99,6 @@ def test_failing_shard_keeps_others_and_rerun_runs_only_it(toy_workdir):
     assert "4 done" in run_cli(toy_workdir, "status").stdout
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _shard_process(workdir: Path, shard: int):
-    """The `snakeshard run-shard` process of ``shard`` running in ``workdir`` (other test runs may be alive)."""
-    for proc in psutil.process_iter(["cmdline", "cwd"]):
-        cmd = proc.info["cmdline"] or []
-        if ("run-shard" in cmd and proc.info["cwd"] == str(workdir)
-                and cmd[cmd.index("--shard") + 1] == str(shard)):
-            return proc
-    return None
-
-
 def _slow_demo(workdir: Path) -> None:
     config = keep_only_stage(read_config(workdir), "asr")
     config["stages"]["asr"]["provider_config"] = {"item_delay": 0.4}
@@ -134,8 +111,8 @@ def test_kill9_of_a_shard_then_rerun_is_byte_identical(workdir, clean_demo_text)
     _slow_demo(workdir)
     driver = subprocess.Popen([sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2"],
                               cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    victim = _wait_for(lambda: _shard_process(workdir, 0), 60, "shard 0 to start")
-    _wait_for(lambda: (workdir / SET / "split.0/.attempt").exists(), 30, "shard 0 to claim its dir")
+    victim = wait_for(lambda: shard_process(workdir, 0), 60, "shard 0 to start")
+    wait_for(lambda: (workdir / SET / "split.0/.attempt").exists(), 30, "shard 0 to claim its dir")
     time.sleep(1.5)  # mid-run: the model is loaded and some items are done
     victim.send_signal(signal.SIGKILL)
     out, _ = driver.communicate(timeout=120)
@@ -155,7 +132,7 @@ def test_kill9_of_the_driver_then_unlock_and_rerun_incomplete(workdir, clean_dem
     _slow_demo(workdir)
     driver = subprocess.Popen([sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2"],
                               cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_for(lambda: _shard_process(workdir, 0) and _shard_process(workdir, 1), 60, "both shards to start")
+    wait_for(lambda: shard_process(workdir, 0) and shard_process(workdir, 1), 60, "both shards to start")
     time.sleep(1.0)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
@@ -165,7 +142,7 @@ def test_kill9_of_the_driver_then_unlock_and_rerun_incomplete(workdir, clean_dem
     assert run_snakemake(workdir, "--unlock").returncode == 0
     rerun = run_snakemake(workdir)  # the local profile sets rerun-incomplete
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    _wait_for(lambda: not _shard_process(workdir, 0) and not _shard_process(workdir, 1), 60, "orphaned shards to end")
+    wait_for(lambda: not shard_process(workdir, 0) and not shard_process(workdir, 1), 60, "orphaned shards to end")
     assert (workdir / SET / "text").read_bytes() == clean_demo_text
     # an orphaned attempt must not have replaced the rerun's done record afterwards
     for n in (0, 1):

@@ -334,7 +334,7 @@ class StageOutputDataset(KaldiDataset):
         if name not in self._index:
             index = self._index[name] = {}
             path = self.set_dir / meta["index"]
-            for line_no, line in enumerate(read_text_lines(path), 1):
+            for line in read_text_lines(path):
                 if meta["format"] == "jsonl":
                     record = json.loads(line)
                     index[record["key"]] = record["value"]

@@ -25,7 +25,7 @@ from snakeshard.plan import read_shard_keys
 
 MAX_LISTED = 5
 FIELDS_FILE = "fields.json"  # beside the merged files: per field, its format and index file
-SHARD_ONLY_META = ("lines", "bytes", "crc32", "ark", "dir")  # per-shard parts of a field's meta
+SHARD_ONLY_META = ("bytes", "crc32", "ark", "dir")  # per-shard parts of a field's meta
 _ARK_OFFSET = re.compile(r":\d+(\[[^\]]*\])?$")  # kaldiio's "file.ark:123" (optionally "[0:10]")
 
 

@@ -44,6 +44,7 @@ FORMAT_OPTIONS = {"ark": {"compression_method"}, "wav": {"subtype"}, "flac": {"s
 RESERVED_NAMES = frozenset({"keys", "done", "fields.json", "merged.json", "plan.json", "spec.json",
                             "fingerprints.json", "audio_files.json", "logs"})
 FIELD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+SHARD_DIR_NAME = re.compile(r"split\.\d+")  # a text field so named would land on a shard dir when merged
 
 
 @dataclass
@@ -91,7 +92,7 @@ def check_outputs_config(outputs: dict, where: str) -> None:
     for name, spec in (outputs or {}).items():
         if not usable_field_name(name):
             raise ConfigError(f"{where}.{name}: {name!r} cannot be a result field's file name "
-                              f"(letters, digits, _ . -; not one of {sorted(RESERVED_NAMES)})")
+                              f"(letters, digits, _ . -; not split.N, not one of {sorted(RESERVED_NAMES)})")
         fmt = spec.get("format")
         if fmt is not None and fmt not in FORMAT_KINDS:
             raise ConfigError(f"{where}.{name}.format: {fmt!r} is not one of {sorted(FORMAT_KINDS)}")
@@ -102,13 +103,13 @@ def check_outputs_config(outputs: dict, where: str) -> None:
 
 
 def usable_field_name(name: str) -> bool:
-    return bool(FIELD_NAME.fullmatch(name)) and name not in RESERVED_NAMES
+    return bool(FIELD_NAME.fullmatch(name)) and name not in RESERVED_NAMES and not SHARD_DIR_NAME.fullmatch(name)
 
 
 def check_field_name(name: str, where: str) -> None:
     if not usable_field_name(name):
         raise ContractError(f"{where}: result field {name!r} cannot be used as a file name "
-                            f"(letters, digits, _ . -; not one of {sorted(RESERVED_NAMES)})")
+                            f"(letters, digits, _ . -; not split.N, not one of {sorted(RESERVED_NAMES)})")
 
 
 class _Field:
@@ -128,8 +129,8 @@ class _Field:
     def meta(self) -> dict:
         """What the merge needs to know: the format, the index file and a check of its bytes."""
         raw = (self.shard_dir / self.index_name).read_bytes()
-        return {"format": self.fmt, "index": self.index_name, **self.options,
-                "lines": len(self.keys), "bytes": len(raw), "crc32": zlib.crc32(raw)}
+        return {"format": self.fmt, "index": self.index_name, **self.options, "bytes": len(raw),
+                "crc32": zlib.crc32(raw)}
 
     def close(self, order: list[str]) -> None:
         """Flush and fsync; make the index hold exactly the shard's keys (``order``), in that order."""
@@ -321,7 +322,7 @@ class _PerKeyFileField(_Field):
     def close(self, order):
         # One fsync per file: a done that survives a power loss must not point at lost audio.
         for key in self.keys:
-            fd = os.open(self.dir / f"{key}{self.suffix}", os.O_RDONLY)
+            fd = os.open(self.path_for(key), os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
@@ -348,9 +349,9 @@ class NpyField(_PerKeyFileField):
 
 
 class AudioField(_PerKeyFileField):
-    def __init__(self, *args):
-        self.suffix = "." + args[2]  # wav or flac
-        super().__init__(*args)
+    def __init__(self, shard_dir: Path, name: str, fmt: str, options: dict, allow_nonfinite: bool):
+        self.suffix = f".{fmt}"  # .wav or .flac
+        super().__init__(shard_dir, name, fmt, options, allow_nonfinite)
 
     def write_file(self, path, key, value):
         import soundfile
@@ -374,9 +375,8 @@ class FieldWriters:
     """The default writers of a shard: one typed writer per result field (see the module doc).
 
     The shard loop sets ``allow_nonfinite`` (fields that may hold NaN/inf), ``outputs`` (the stage's
-    format overrides) and ``order`` (the plan's keys, when it processes them in another order).
-    ``close`` checks that every field holds every key of ``order`` (the shard's keys) and writes each
-    index in that order; it fsyncs every file, so a ``done`` that survives a power loss never points at
+    format overrides) and ``order`` (the shard's keys in plan order, whatever order it processes them in).
+    ``close`` checks that every field holds every key of ``order`` and writes each index in that order; it fsyncs every file, so a ``done`` that survives a power loss never points at
     fragments that did not, and leaves ``fields``: per field, its format, index file and a check of the
     index's bytes (the merge trusts an index only while it is byte for byte what was checked here).
     """
@@ -443,7 +443,8 @@ class FieldWriters:
             writer = self.writers.get(name)
             if kind is None or (writer is not None and self.kinds[name] != kind):
                 return False
-            plain_text = types <= _PLAIN_TYPES and name not in self.outputs and (writer is None or type(writer) is TextField)
+            plain_text = (types <= _PLAIN_TYPES and name not in self.outputs
+                          and (writer is None or type(writer) is TextField))
             if not plain_text:
                 typed.append((name, values, kind))
                 continue

@@ -1,0 +1,51 @@
+"""What every benchmark script here shares: the machine line, timed commands, interleaved rounds.
+
+Scripts are run as ``python bench/<name>.py`` from the repository root, so ``bench/`` is on sys.path.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+
+def machine_info(**versions: str) -> str:
+    """Date, cores, CPU model, Python, the given library versions, load average: the line each result records."""
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    libs = "".join(f", {name} {version}" for name, version in versions.items())
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"{datetime.datetime.now():%Y-%m-%d %H:%M}, nproc {os.cpu_count()}, CPU {cpu}, "
+            f"Python {platform.python_version()}{libs}, load average {load}")
+
+
+def cpu_children() -> float:
+    """CPU seconds (user + system) of all child processes waited for so far."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def timed_run(cmd: list[str], cwd, what: str) -> tuple[float, float]:
+    """(wall s, CPU s of it and its children) of one run of ``cmd`` in ``cwd``; exits naming ``what`` if it fails."""
+    t0, c0 = time.perf_counter(), cpu_children()
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    wall, cpu = time.perf_counter() - t0, cpu_children() - c0
+    if proc.returncode != 0:
+        sys.exit(f"{what} failed in {cwd}:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}")
+    return wall, cpu
+
+
+def rotated(names, rep: int) -> list:
+    """``names`` rotated by ``rep``: interleaved rounds run the cases in a different order each time."""
+    names = list(names)
+    k = rep % len(names)
+    return names[k:] + names[:k]
