@@ -322,3 +322,18 @@ def test_refuses_a_field_whose_type_differs_between_shards(tmp_path):
     set_dir, plan = make_set(tmp_path, MixedKindRunner)
     msg = refuse(set_dir, plan, MixedKindRunner)
     assert "field 'x' is {'format': 'jsonl', 'index': 'x.jsonl'} in" in msg and "but {'format': 'ark'" in msg
+
+
+class FieldInSomeShards(BaseRunner):
+    """``extra`` only for keys from utt03 on: shard 0 (utt00-utt02) never writes it."""
+
+    @staticmethod
+    def forward(key):
+        return {"text": key, **({"extra": 1} if int(key[3:]) >= 3 else {})}
+
+
+def test_refuses_a_field_one_shard_lacks(tmp_path):
+    """Shards 1 and 2 wrote a field shard 0 never returned: MergeError naming shard 0's dir and the field."""
+    set_dir, plan = make_set(tmp_path, FieldInSomeShards)
+    msg = refuse(set_dir, plan, FieldInSomeShards)
+    assert f"{set_dir}/split.0: no field 'extra', which {set_dir}/split.1 wrote" in msg

@@ -147,6 +147,12 @@ def test_every_type_round_trips_bit_exact_from_any_directory(tmp_path, monkeypat
     assert np.array_equal(chained.load_array("utt005", "feats"), expected["utt005"]["feats"])
     assert np.array_equal(chained.load_audio("utt005", "hires", dtype="int32")[0], expected["utt005"]["hires"].samples)
     assert np.array_equal(chained.load_audio("utt005", dtype="int16")[0], expected["utt005"]["wav"].samples)
+    from snakeshard.errors import DataError
+
+    with pytest.raises(DataError, match=r"field 'info' is jsonl, not one of \['ark', 'npy'\]"):
+        chained.load_array("utt005", "info")
+    with pytest.raises(DataError, match=r"the upstream stage wrote no field 'nope' \(it has \['cube', "):
+        chained.load_field("utt005", "nope")
 
 
 # -- bad values: each fails its shard, naming key, field (and types); nothing half-written is kept --
@@ -226,10 +232,12 @@ def test_a_field_that_changes_type_between_keys_fails_naming_both(tmp_path, firs
      r"item 'a/b': field 'w' writes one file per key, and this key cannot be a file name"),
     ({"k0": {"f": 1}, "k1": {"g": 2}}, {}, r"field 'f' has values for 1 of the shard's 2 keys \(missing: \['k1'\]\)"),
     ({"k0": {"f": object()}}, {}, r"item 'k0': field 'f' is a object; the default writers take"),
+    ({"k0": {"split.0": 1}}, {}, r"item 'k0': result field 'split.0' cannot be used as a file name"),
 ])
 def test_values_no_writer_can_take_fail_with_the_fix(tmp_path, table, options, message):
     """A 3-D float array (ark holds 1-D/2-D), an int64 array, an array forced into wav, a key that is no file name,
-    a field only some keys return, an object: each fails naming key and field, no done."""
+    a field only some keys return, an object, a field named like a shard dir: each fails naming key and field,
+    no done."""
     with pytest.raises(ShardError, match=message):
         run_table(tmp_path, table, **options)
     assert not (tmp_path / "split.0/done").exists()
@@ -422,6 +430,7 @@ def test_chained_stage_plans_at_parse_reruns_with_its_upstream_and_refuses_a_sta
     ({"d": {"from_stage": "fbank", "dataset": "other"}}, r"datasets\.d\.dataset: stage 'fbank' runs over \['demo'\], not 'other'"),
     ({"d": {"from_stage": "fbank", "dataset": "demo", "path": "x"}}, r"datasets\.d: give either path .* or from_stage"),
     ({"d": {"from_stage": "frames", "dataset": "d"}}, r"stage 'frames' reads its own output \(d\)"),
+    ({"d": {"path": "data/demo", "dataset": "demo"}}, r"datasets\.d\.dataset: only a from_stage dataset names"),
 ])
 def test_chained_dataset_config_errors_name_the_key(tmp_path, datasets, message):
     wd = chained_project(tmp_path / "wf")
@@ -490,3 +499,34 @@ def test_shipped_chain_an_upstream_edit_reruns_its_consumers_and_nothing_else(tm
     assert run.returncode == 0, run.stderr[-3000:]
     assert sorted(ran(run)) == ["shard_fbank"] * 2 + ["shard_vad"] * 2
     assert all(p.read_bytes() == data for p, data in kept.items()) and len(kept) == 4  # asr 2, fbank/demo 2
+
+
+def test_chained_stages_that_loop_fail_the_dry_run_naming_the_loop(tmp_path):
+    """frames reads fbank's output over d1 and fbank reads frames' output over d2: the chain names both links."""
+    wd = chained_project(tmp_path / "wf")
+    config = read_config(wd)
+    config["datasets"] = {"d1": {"from_stage": "frames", "dataset": "d2"}, "d2": {"from_stage": "fbank", "dataset": "d1"}}
+    config["stages"]["frames"]["datasets"] = ["d2"]
+    config["stages"]["fbank"]["datasets"] = ["d1"]
+    write_config(wd, config)
+    dry = run_snakemake(wd, "-n")
+    assert dry.returncode != 0 and "datasets: chained stages form a loop: frames/d2 -> fbank/d1 -> frames/d2" in \
+        dry.stdout + dry.stderr, dry.stdout[-2000:]
+
+
+class LengthFails(BaseRunner):
+    @staticmethod
+    def forward(keys, *, table):
+        return [table[k] for k in keys]
+
+    @staticmethod
+    def item_length(key, **env):
+        raise KeyError(f"no duration for {key}")
+
+
+def test_an_item_length_that_raises_fails_the_shard_naming_the_key(tmp_path):
+    from snakeshard.shard import run_shard
+
+    with pytest.raises(ShardError, match=r"shard 0: item 'k0': its length for batching: KeyError: 'no duration for k0'"):
+        run_shard(LengthFails, {"table": {"k0": {"x": 1}}}, ["k0"], tmp_path / "s", batch_seconds=5, progress=False)
+    assert not (tmp_path / "s/done").exists()
