@@ -103,8 +103,13 @@ def _run_shard(args, spec: dict) -> int:
                          log_path=args.log, progress=True, inputs=inputs,
                          batch_size=spec.get("batch_size"), batch_seconds=spec.get("batch_seconds"),
                          sort_by_length=spec.get("sort_by_length", False), outputs=spec.get("outputs"),
-                         allow_nonfinite=spec.get("allow_nonfinite") or ())
-    print(f"shard {args.shard}: {done['items']} items in {done['end'] - done['start']:.2f} s", file=sys.stderr)
+                         allow_nonfinite=spec.get("allow_nonfinite") or (),
+                         report_seconds=spec.get("report_seconds", False))
+    took = done["end"] - done["start"]
+    audio = ""
+    if done.get("seconds") is not None:
+        audio = f" ({done['seconds']:.1f} s of audio, {done['seconds'] / max(took, 1e-3):.0f}x real time)"
+    print(f"shard {args.shard}: {done['items']} items{audio} in {took:.2f} s", file=sys.stderr)
     return 0
 
 

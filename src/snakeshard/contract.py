@@ -115,8 +115,11 @@ class BaseRunner:
         return state
 
     @staticmethod
-    def finalize_state(state, shard_dir, **env) -> None:
-        """Write the shard's accumulated state (e.g. stats) into ``shard_dir``."""
+    def finalize_state(state, shard_dir, **env) -> list[str] | None:
+        """Write the shard's accumulated state (statistics, metric sums) into ``shard_dir``; return the
+        names of the files written. The shard loop fsyncs them and records their size and CRC-32 in
+        ``done["state_files"]``; the merge refuses a shard whose state files changed or went missing,
+        then ``merge`` reads them (plain ``open``/``np.load``) and combines them in plan order."""
 
     @staticmethod
     def item_length(key, **env) -> float:

@@ -82,9 +82,27 @@ def check_shards(set_dir: Path, plan: dict, shard_fps: list[str]) -> list[Path]:
         elif done.get("items") != shard["items"] or done.get("keys_digest") != shard["keys_digest"]:
             problems.append(f"shard {shard['shard']}: done records {done.get('items')} items / keys "
                             f"{done.get('keys_digest')}, plan has {shard['items']} / {shard['keys_digest']}")
+        else:
+            problems.extend(_state_file_problems(shard_dir, done))
     if problems:
         raise MergeError(f"refusing to merge {set_dir}: " + "; ".join(problems[:MAX_LISTED]))
     return shard_dirs
+
+
+def _state_file_problems(shard_dir: Path, done: dict) -> list[str]:
+    """The shard's ``finalize_state`` files that are gone or no longer what it wrote (size, CRC-32)."""
+    problems = []
+    for name, meta in (done.get("state_files") or {}).items():
+        path = shard_dir / name
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            problems.append(f"{path}: missing (its done lists it): rerun the shard: {rerun_command(shard_dir / 'done')}")
+            continue
+        if len(data) != meta["bytes"] or zlib.crc32(data) != meta["crc32"]:
+            problems.append(f"{path}: changed since its shard wrote it ({len(data)} bytes, done records "
+                            f"{meta['bytes']}, or another CRC-32): rerun the shard: {rerun_command(shard_dir / 'done')}")
+    return problems
 
 
 def _in_plan_order(lines: list[str], keys: list[str], where: str) -> list[str]:
@@ -157,7 +175,9 @@ def merge_fragments(shard_dirs: list[Path], output_dir: Path) -> list[str]:
         else:
             shard_keys = shard_keys or [read_shard_keys(d) for d in shard_dirs]
             parts = [_checked_lines(d, name, keys).encode() for d, keys in zip(shard_dirs, shard_keys)]
-        atomic_write_bytes(Path(output_dir) / name, parts)  # written part by part: no joined copy
+        target = Path(output_dir) / name
+        target.parent.mkdir(exist_ok=True)  # a grouped field's dir ("collect_feats/feats.scp")
+        atomic_write_bytes(target, parts)  # written part by part: no joined copy
     if fields:
         atomic_write_json(Path(output_dir) / FIELDS_FILE, fields)
         names.append(FIELDS_FILE)

@@ -65,6 +65,35 @@ def _progress_bar(total: int, enabled: bool, desc: str):
     return tqdm(total=total, desc=desc, mininterval=interval, file=sys.stderr, unit="item")
 
 
+def _lengths(runner_cls, env, keys, where, purpose="") -> list[float]:
+    """Each key's ``item_length`` (audio seconds by default); an error names the key."""
+    lengths = []
+    for key in keys:
+        try:
+            lengths.append(float(runner_cls.item_length(key, **env)))
+        except SnakeshardError as e:
+            raise ShardError(f"{where}: item {key!r}: its length{' ' + purpose if purpose else ''}: {e}") from None
+        except Exception as e:  # a runner's own item_length: its traceback goes to the log
+            raise ShardError(f"{where}: item {key!r}: its length{' ' + purpose if purpose else ''}: "
+                             f"{type(e).__name__}: {e}") from e
+    return lengths
+
+
+def _durable_state_files(shard_dir: Path, names: list[str]) -> dict:
+    """Per file ``finalize_state`` wrote: its size and CRC-32, for the merge to check (as it checks field
+    indexes). Each is fsynced, so a done that survives a power loss never points at a lost state file."""
+    import zlib
+
+    record = {}
+    for name in names:
+        path = shard_dir / name
+        with open(path, "rb") as f:
+            data = f.read()
+            os.fsync(f.fileno())
+        record[name] = {"bytes": len(data), "crc32": zlib.crc32(data)}
+    return record
+
+
 def _plan_batches(runner_cls, env, keys, batch_size, batch_seconds, sort_by_length, where):
     """The shard's batches (index lists, see batch.plan_batches), or None without batching.
     Prints how much of the batched length is padding, the figure that says whether sorting pays."""
@@ -73,14 +102,7 @@ def _plan_batches(runner_cls, env, keys, batch_size, batch_seconds, sort_by_leng
     from snakeshard.batch import padding_ratio, plan_batches
 
     if batch_seconds or sort_by_length:
-        lengths = []
-        for key in keys:
-            try:
-                lengths.append(float(runner_cls.item_length(key, **env)))
-            except SnakeshardError as e:
-                raise ShardError(f"{where}: item {key!r}: its length for batching: {e}") from None
-            except Exception as e:  # a runner's own item_length: its traceback goes to the log
-                raise ShardError(f"{where}: item {key!r}: its length for batching: {type(e).__name__}: {e}") from e
+        lengths = _lengths(runner_cls, env, keys, where, "for batching")
     else:
         lengths = [1.0] * len(keys)
     batches = plan_batches(lengths, batch_size=batch_size, batch_seconds=batch_seconds,
@@ -107,7 +129,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
               fingerprint: str | None = None, log_path: str | None = None,
               batch_size: int | None = None, batch_seconds: float | None = None, sort_by_length: bool = False,
               progress: bool = True, keys_digest: str | None = None, inputs: dict | None = None,
-              allow_nonfinite=(), outputs: dict | None = None):
+              allow_nonfinite=(), outputs: dict | None = None, report_seconds: bool = False):
     """Run ``runner_cls`` over ``keys``; write fragments and ``done`` into ``shard_dir``.
 
     With ``shard_dir=None`` nothing is written and the list of results is returned (in plan order).
@@ -115,6 +137,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
     recorded in ``done`` so status can say what changed. ``allow_nonfinite`` names result fields the
     default writers accept NaN/inf in, ``outputs`` their format overrides (see writers.py).
     With ``batch_size`` or ``batch_seconds``, forward gets lists of keys (see batch.plan_batches).
+    ``report_seconds``: count progress in audio seconds too (``item_length``), as for stages sharded by seconds.
     """
     where = f"shard {shard_id}" + (f" (log: {log_path})" if log_path else "")
     kwargs = injected_kwargs(runner_cls, env)
@@ -130,7 +153,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
     batches = _plan_batches(runner_cls, env, keys, batch_size, batch_seconds, sort_by_length, where)
     if isinstance(writers, FieldWriters):
         writers.allow_nonfinite = frozenset(allow_nonfinite)
-        writers.outputs = outputs or {}
+        writers.outputs = {**writers.outputs, **(outputs or {})}  # a runner's open_writers may preset formats
         writers.order = keys  # checked at close: every field holds every key, indexed in plan order
     reduce_state = runner_cls.reduce_state if overrides(runner_cls, "reduce_state") else None
     custom_write = overrides(runner_cls, "write_record")
@@ -154,6 +177,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
             writers.write(result)
 
     bar = _progress_bar(len(keys), progress, f"shard {shard_id}")
+    seconds = 0.0 if report_seconds else None
     size = 1
     current = None
     next_key, next_batch = 0, 0
@@ -184,7 +208,11 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
             if write_many is None or not write_many(chunk, out):
                 for key, result in zip(chunk, out):
                     handle(result, key)
+            if seconds is not None:
+                seconds += sum(_lengths(runner_cls, env, chunk, where))
             if bar is not None:
+                if seconds is not None:
+                    bar.set_postfix_str(f"{seconds:.1f} s of audio", refresh=False)
                 bar.update(len(chunk))
             if write_many is not None and batches is None:  # custom hooks keep forward/write interleaved
                 elapsed = time.perf_counter() - t0
@@ -215,7 +243,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
         return results
     try:
         fragments = runner_cls.close_writers(writers, state, **env) or []
-        runner_cls.finalize_state(state, shard_dir, **env)
+        state_files = _durable_state_files(shard_dir, runner_cls.finalize_state(state, shard_dir, **env) or [])
     except SnakeshardError as e:
         raise ShardError(f"{where}: {e}") from None
     except OSError as e:
@@ -228,6 +256,8 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
         "inputs": inputs,
         "fragments": list(fragments),
         "fields": writers.fields if isinstance(writers, FieldWriters) else None,  # what the merge checks
+        "state_files": state_files,  # finalize_state's files, checked the same way
+        "seconds": None if seconds is None else round(seconds, 3),
         "start": round(started, 3),
         "end": round(time.time(), 3),
         "host": socket.gethostname(),

@@ -71,6 +71,8 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
         for ds in stage["datasets"]:
             if ds not in datasets:
                 raise ConfigError(f"stages.{name}.datasets: {ds!r} is not defined under datasets ({sorted(datasets)})")
+        if "sharding" not in stage:
+            stage["sharding"] = runner_default_sharding(stage["runner"], f"stages.{name}")
         modes = [k for k in ("num_shards", "shard_size", "shard_seconds") if k in stage["sharding"]]
         if len(modes) != 1:
             raise ConfigError(f"stages.{name}.sharding: set exactly one of num_shards, shard_size, shard_seconds "
@@ -86,6 +88,7 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
         runner_source = check_import_path(stage["runner"], f"stages.{name}.runner")
         if runner_source is not None:
             check_runner_source(stage["runner"], f"stages.{name}.runner", *runner_source)
+
     upstream_of(config)  # chained datasets form no loop
 
 
@@ -146,6 +149,28 @@ def check_import_path(path: str, where: str):
     return origin, tree
 
 
+def runner_default_sharding(path: str, where: str) -> dict:
+    """A stage without ``sharding`` takes its runner's ``default_sharding``, a literal class attribute
+    read from the runner's source (parse time imports no runner): e.g. CollectStatsRunner shards by audio
+    seconds, since a frontend's cost is linear in audio."""
+    import ast
+
+    found = check_import_path(path, f"{where}.runner")
+    attr = path.rpartition(".")[2]
+    if found is not None:
+        for node in found[1].body:
+            if isinstance(node, ast.ClassDef) and node.name == attr:
+                for item in node.body:
+                    if (isinstance(item, ast.Assign) and len(item.targets) == 1
+                            and getattr(item.targets[0], "id", None) == "default_sharding"):
+                        try:
+                            return dict(ast.literal_eval(item.value))
+                        except ValueError:
+                            break
+    raise ConfigError(f"{where}.sharding: not set, and the runner {path} declares no default_sharding: set one "
+                      "of num_shards, shard_size, shard_seconds")
+
+
 def check_runner_source(path: str, where: str, origin: str, tree) -> None:
     """Contract mistakes visible in the runner's source ``tree`` (parsed by ``check_import_path``).
 
@@ -172,7 +197,43 @@ def check_runner_source(path: str, where: str, origin: str, tree) -> None:
 
 
 def _locate(path: str, where: str) -> tuple[str, str, str | None]:
-    """(module, attribute, module source file or None) of ``package.module.Name``; errors name ``where``."""
+    """(module, attribute, module source file or None) of ``package.module.Name``; errors name ``where``.
+
+    A name a package re-exports (``from .collect_stats import CollectStatsRunner`` in
+    ``snakeshard/runners/__init__.py``) is followed to the module that defines it: that module's source
+    is what the checks read and the code fingerprint digests.
+    """
+    for _ in range(5):  # re-export hops
+        module, attr, origin = _find(path, where)
+        source = _reexported_from(module, attr, origin) if origin else None
+        if source is None:
+            return module, attr, origin
+        path = source
+    return module, attr, origin
+
+
+def _reexported_from(module: str, attr: str, origin: str) -> str | None:
+    """``other.module.Name`` if ``module`` binds ``attr`` only by ``from other.module import Name``."""
+    import ast
+
+    tree = _parse(origin)
+    found = None
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == attr:
+            return None
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == attr:
+                    package = module if origin.endswith("__init__.py") else module.rpartition(".")[0]
+                    for _ in range(max(node.level - 1, 0)):
+                        package = package.rpartition(".")[0]
+                    base = package if node.level else ""
+                    target = ".".join(part for part in (base, node.module or "") if part)
+                    found = f"{target}.{alias.name}"
+    return found
+
+
+def _find(path: str, where: str) -> tuple[str, str, str | None]:
     module, _, attr = path.rpartition(".")
     if not module or not attr:
         raise ConfigError(f"{where}: {path!r} is not an import path like 'package.module.ClassName'")
@@ -293,6 +354,7 @@ def run_spec(config: dict, stage: str, dataset: str) -> dict:
         "batch_seconds": s.get("batch_seconds"),
         "sort_by_length": bool(s.get("sort_by_length")),
         "outputs": s.get("outputs") or {},
+        "report_seconds": "shard_seconds" in (s.get("sharding") or {}),  # progress in audio seconds too
         "gpus": requested_gpus(s.get("resources") or {}),
         "dataset": dataset,
     }

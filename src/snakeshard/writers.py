@@ -43,7 +43,9 @@ FORMAT_OPTIONS = {"ark": {"compression_method"}, "wav": {"subtype"}, "flac": {"s
 # Names a field cannot take: files of the shard dir and of the merged set dir.
 RESERVED_NAMES = frozenset({"keys", "done", "fields.json", "merged.json", "plan.json", "spec.json",
                             "fingerprints.json", "audio_files.json", "logs"})
-FIELD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# A field name is a file name, optionally under one group directory ("collect_feats/feats", as ESPnet's
+# collect_stats lays out its collected features); the group dir is created in the shard and merged dirs.
+FIELD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)?")
 SHARD_DIR_NAME = re.compile(r"split\.\d+")  # a text field so named would land on a shard dir when merged
 
 
@@ -92,7 +94,8 @@ def check_outputs_config(outputs: dict, where: str) -> None:
     for name, spec in (outputs or {}).items():
         if not usable_field_name(name):
             raise ConfigError(f"{where}.{name}: {name!r} cannot be a result field's file name "
-                              f"(letters, digits, _ . -; not split.N, not one of {sorted(RESERVED_NAMES)})")
+                              f"(letters, digits, _ . -, at most one group/ dir; not split.N, not one of "
+                              f"{sorted(RESERVED_NAMES)})")
         fmt = spec.get("format")
         if fmt is not None and fmt not in FORMAT_KINDS:
             raise ConfigError(f"{where}.{name}.format: {fmt!r} is not one of {sorted(FORMAT_KINDS)}")
@@ -103,13 +106,15 @@ def check_outputs_config(outputs: dict, where: str) -> None:
 
 
 def usable_field_name(name: str) -> bool:
-    return bool(FIELD_NAME.fullmatch(name)) and name not in RESERVED_NAMES and not SHARD_DIR_NAME.fullmatch(name)
+    top = name.split("/", 1)[0]
+    return bool(FIELD_NAME.fullmatch(name)) and top not in RESERVED_NAMES and not SHARD_DIR_NAME.fullmatch(top)
 
 
 def check_field_name(name: str, where: str) -> None:
     if not usable_field_name(name):
         raise ContractError(f"{where}: result field {name!r} cannot be used as a file name "
-                            f"(letters, digits, _ . -; not split.N, not one of {sorted(RESERVED_NAMES)})")
+                            f"(letters, digits, _ . -, at most one group/ dir; not split.N, not one of "
+                            f"{sorted(RESERVED_NAMES)})")
 
 
 class _Field:
@@ -119,6 +124,8 @@ class _Field:
         self.shard_dir, self.name, self.fmt, self.options = shard_dir, name, fmt, options
         self.allow_nonfinite = allow_nonfinite
         self.index_name = index_file(name, fmt)
+        if "/" in name:  # a grouped field: its group dir
+            (shard_dir / name).parent.mkdir(exist_ok=True)
         self.index = open(shard_dir / self.index_name, "w", encoding="utf-8")
         self.keys: list[str] = []  # in the order written
 
@@ -393,6 +400,13 @@ class FieldWriters:
 
     def _open(self, name: str, key: str, value, kind: str | None) -> _Field:
         check_field_name(name, f"item {key!r}")
+        # "g/x" needs a dir g: no field may be named g (nor a field g/... when one named g exists)
+        group = name.partition("/")[0]
+        clash = group if "/" in name and group in self.writers else next(
+            (other for other in self.writers if other.startswith(name + "/")), None)
+        if clash:
+            raise ContractError(f"item {key!r}: field {name!r} and field {clash!r} cannot both exist "
+                                f"({group!r} would be a file and a directory)")
         if kind is None:
             raise ContractError(f"item {key!r}: field {name!r} is a {type(value).__name__}; the default writers "
                                 "take str/int/float/bool, numpy arrays, torch tensors, snakeshard.Audio, dicts and "

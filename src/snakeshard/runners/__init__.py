@@ -1,5 +1,10 @@
 """Built-in runners: users of the core like any other (they go through the same hooks a user overrides).
 
-fbank.FbankRunner        Kaldi fbank features (kaldi-native-fbank) -> feats.ark/scp, utt2num_frames
-vad.SileroVadRunner      silero-vad on padded batches -> speech segments, frame probabilities, trimmed wav
+fbank.FbankRunner                 Kaldi fbank features (kaldi-native-fbank) -> feats.ark/scp, utt2num_frames
+vad.SileroVadRunner               silero-vad on padded batches -> speech segments, frame probabilities, trimmed wav
+collect_stats.CollectStatsRunner  ESPnet2's collect_stats: feats_stats.npz, <input>_shape, batch_keys, stats_keys
 """
+
+from snakeshard.runners.collect_stats import CollectStatsProvider, CollectStatsRunner, GlobalMVN
+
+__all__ = ["CollectStatsProvider", "CollectStatsRunner", "GlobalMVN"]
