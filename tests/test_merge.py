@@ -337,3 +337,55 @@ def test_refuses_a_field_one_shard_lacks(tmp_path):
     set_dir, plan = make_set(tmp_path, FieldInSomeShards)
     msg = refuse(set_dir, plan, FieldInSomeShards)
     assert f"{set_dir}/split.0: no field 'extra', which {set_dir}/split.1 wrote" in msg
+
+
+# -- state files: what finalize_state writes is checked like a field's index --
+
+class CountRunner(UpperRunner):
+    """Shard state: items and key characters (reduce_state), written by finalize_state; merge sums the shards'."""
+
+    @staticmethod
+    def init_state(**env):
+        return {"items": 0, "chars": 0}
+
+    @staticmethod
+    def reduce_state(state, result, **env):
+        return {"items": state["items"] + 1, "chars": state["chars"] + len(result["key"])}
+
+    @staticmethod
+    def finalize_state(state, shard_dir, **env):
+        (shard_dir / "count.json").write_text(json.dumps(state))
+        return ["count.json"]
+
+    @classmethod
+    def merge(cls, shard_dirs, output_dir):
+        parts = [json.loads((d / "count.json").read_text()) for d in shard_dirs]
+        (output_dir / "count.json").write_text(json.dumps({k: sum(p[k] for p in parts) for k in parts[0]}))
+        return [*super().merge(shard_dirs, output_dir), "count.json"]
+
+
+def test_state_files_are_recorded_and_merged(tmp_path):
+    """finalize_state's files are listed in done with size and CRC-32; the runner's merge combines them."""
+    set_dir, plan = make_set(tmp_path, CountRunner)
+    done = json.loads((set_dir / "split.0/done").read_text())
+    raw = (set_dir / "split.0/count.json").read_bytes()
+    import zlib
+
+    assert done["state_files"] == {"count.json": {"bytes": len(raw), "crc32": zlib.crc32(raw)}}
+    record = merge_set(set_dir, plan, STAGE_FP, CountRunner)
+    assert json.loads((set_dir / "count.json").read_text()) == {"items": 10, "chars": 50}
+    assert record["files"] == ["text", "fields.json", "count.json"]
+
+
+@pytest.mark.parametrize("damage, what", [
+    (lambda p: p.write_text(p.read_text().replace('"items": 3', '"items": 4')), "changed since its shard wrote it"),
+    (lambda p: p.unlink(), "missing (its done lists it)"),
+])
+def test_refuses_state_file_changed_or_missing(tmp_path, damage, what):
+    """A state file edited (same size) or deleted after its shard: MergeError naming it and the rerun command;
+    the runner's merge never reads it."""
+    set_dir, plan = make_set(tmp_path, CountRunner)
+    damage(set_dir / "split.2/count.json")
+    msg = refuse(set_dir, plan, CountRunner)
+    assert f"{set_dir}/split.2/count.json: {what}" in msg and f"--forcerun {set_dir}/split.2/done" in msg
+    assert not (set_dir / "count.json").exists()
