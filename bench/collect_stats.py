@@ -243,7 +243,7 @@ def part_rss(sizes: list[int]) -> None:
         rows.append((n, mb, wall))
         print(f"  {n:,} utterances: peak RSS {mb:.1f} MB, {wall:.1f} s", flush=True)
 
-    print(f"\n**rss**: peak RSS of one shard job (`python -m snakeshard run-shard`, the shard rule's command) "
+    print("\n**rss**: peak RSS of one shard job (`python -m snakeshard run-shard`, the shard rule's command) "
           "over a single shard (`sharding: {num_shards: 1}`), fresh helper process per size, "
           "getrusage(RUSAGE_CHILDREN).ru_maxrss\n")
     print("| utterances in the shard | peak RSS MB | growth vs first | wall s |")

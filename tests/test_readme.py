@@ -145,6 +145,25 @@ def test_readme_demo_outputs_are_real(workdir):
     padding = (workdir / "results/fbank/demo/logs/split.0.log").read_text().splitlines()
     assert next(line for line in padding if "padding" in line) in " ".join(
         (PROJECT / "README.md").read_text().replace("`", "").split())
+    # the stats stage: its files, its log's seconds line (timings vary), and the GlobalMVN lines
+    assert (workdir / "results/stats/train/speech_shape").read_text().splitlines()[:2] == shown_output(
+        "head -2 results/stats/train/speech_shape")
+    assert (workdir / "results/stats/train/stats_keys").read_text().splitlines() == shown_output(
+        "cat results/stats/train/stats_keys")
+    log = (workdir / "results/stats/train/logs/split.0.log").read_text()
+    assert re.search(r"shard 0: 6 items \(16\.2 s of audio, \d+x real time\) in \d+\.\d\d s", log), log
+    assert "shard 0: 6 items (16.2 s of audio, " in (PROJECT / "README.md").read_text()
+    import doctest
+    import os
+
+    block = readme_block("python", ">>> import kaldiio, numpy as np")
+    test = doctest.DocTestParser().get_doctest(block, {}, "README", "README.md", 0)
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        assert doctest.DocTestRunner().run(test).failed == 0
+    finally:
+        os.chdir(cwd)
 
 
 def test_readme_rerun_after_new_audio_is_real(workdir):
