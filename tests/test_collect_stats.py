@@ -132,8 +132,12 @@ def matrix(tmp_path_factory) -> Path:
                        "sharding": {"num_shards": 2}}
     stages["upstream"] = {**STATS_STAGE, "provider_config": {"frontend": "upstream"}, "datasets": ["demo_fbank"],
                           "sharding": {"num_shards": 2}}
+    # a later stage normalizing with the stats: fbank + GlobalMVN over the stats stage's output
+    stages["fbank_mvn"] = {**stages["fbank"], "provider_config": {"num_mel_bins": 80, "global_mvn": True},
+                           "datasets": ["demo_stats"]}
     datasets = {"demo": {"path": "data/demo", "format": "kaldi"},
-                "demo_fbank": {"from_stage": "fbank", "dataset": "demo"}}
+                "demo_fbank": {"from_stage": "fbank", "dataset": "demo"},
+                "demo_stats": {"from_stage": "s3_b8", "dataset": "demo"}}
     wd = stats_project(tmp_path_factory.mktemp("stats") / "wf", stages, datasets)
     run = run_snakemake(wd)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -266,6 +270,27 @@ def test_global_mvn_normalizes_like_espnet2(matrix):
     assert out.dtype == np.float32
     assert np.abs(out.mean(0)).max() < 1e-4 and np.abs(out.std(0) - 1).max() < 1e-4
     assert np.array_equal(GlobalMVN(set_dir(matrix, "s3_b8") / "feats_stats.npz").std, mvn.std)
+
+
+def test_a_later_stage_normalizes_with_the_stats(matrix):
+    """fbank with global_mvn: true over {from_stage: s3_b8}: each key's features are its Kaldi fbank through
+    GlobalMVN of that stage's feats_stats.npz; over the whole set, every dim has mean 0 and std 1."""
+    import kaldiio
+
+    mvn = GlobalMVN(set_dir(matrix, "s3_b8"))
+    feats = kaldiio.load_scp(str(set_dir(matrix, "fbank_mvn", "demo_stats") / "feats.scp"))
+    for key in DEMO_KEYS:
+        assert np.array_equal(feats[key], mvn(reference_frames([key]).astype(np.float32)))
+    frames = np.concatenate([feats[k] for k in DEMO_KEYS]).astype(np.float64)
+    assert np.abs(frames.mean(0)).max() < 1e-4 and np.abs(frames.std(0) - 1).max() < 1e-4
+
+
+def test_global_mvn_needs_a_stats_stage_output():
+    from snakeshard.runners.fbank import FbankProvider
+
+    with pytest.raises(ConfigError, match=r"provider_config.global_mvn: dataset 'demo' must be a collect-stats "
+                                          r"stage's output .*no feats_stats.npz"):
+        FbankProvider({"dataset": demo_spec(), "global_mvn": True}).build_env_local()
 
 
 def test_global_mvn_floors_the_variance(tmp_path):

@@ -34,7 +34,7 @@ KALDI_RECORD_FILES = ("wav.scp", "segments", "text", "utt2spk")
 JSONL_RECORD = "jsonl"
 
 
-@dataclass
+@dataclass(slots=True)  # a shard job holds one per key of its dataset: no per-instance __dict__
 class Item:
     """One dataset entry: its key, where it was declared, and what planning may need."""
 
@@ -45,7 +45,8 @@ class Item:
     fields: dict = field(default_factory=dict)  # text, spk, start, end, or jsonl fields
     # What the key stands for, per source file, as written there: the wav.scp value, the segments
     # line, the text and utt2spk values; for JSON Lines, the record. Shard fingerprints cover these.
-    records: dict = field(default_factory=dict)
+    # None when read for a job (load_dataset), which never digests them.
+    records: dict | None = field(default_factory=dict)
 
 
 def read_text_lines(path: Path) -> list[str]:
@@ -64,10 +65,21 @@ def read_text_lines(path: Path) -> list[str]:
     return lines
 
 
-def _read_kaldi_table(path: Path) -> list[tuple[str, str, int]]:
-    """``key value`` lines -> (key, value, line_no); blank lines are an error, not skipped."""
-    rows = []
-    for line_no, line in enumerate(read_text_lines(path), 1):
+def iter_text_lines(path: Path):
+    """``read_text_lines`` one line at a time: a job reading a 100k-line wav.scp never holds the whole file."""
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{line_no}: not UTF-8 (byte {raw[e.start:e.start + 1]!r} at column "
+                                f"{e.start + 1}); convert the file, e.g. iconv -f latin1 -t utf-8") from None
+            yield line[:-1] if line.endswith("\n") else line
+
+
+def _read_kaldi_table(path: Path):
+    """``key value`` lines -> (key, value, line_no), one at a time; blank lines are an error, not skipped."""
+    for line_no, line in enumerate(iter_text_lines(path), 1):
         if not line.strip():
             raise DataError(f"{path}:{line_no}: empty line (Kaldi tables have one 'key value' per line)")
         if line[0].isspace():
@@ -76,8 +88,7 @@ def _read_kaldi_table(path: Path) -> list[tuple[str, str, int]]:
         if "\t" in key:  # tab-separated line
             key, _, rest = key.partition("\t")
             value = rest + (" " + value if value else "")
-        rows.append((key, value.strip(), line_no))
-    return rows
+        yield key, value.strip(), line_no
 
 
 def is_pipe(value: str) -> bool:
@@ -102,7 +113,7 @@ def _duration(value, where: str, what: str) -> float:
     return seconds
 
 
-def _read_kaldi_dir(path: Path) -> list[Item]:
+def _read_kaldi_dir(path: Path, with_records: bool = True) -> list[Item]:
     wav_scp = path / "wav.scp"
     if not wav_scp.is_file():
         raise DataError(f"{path}: not a Kaldi data dir (no wav.scp)")
@@ -118,7 +129,7 @@ def _read_kaldi_dir(path: Path) -> list[Item]:
                 "keys and paths must be free of whitespace"
             )
         wavs[key] = (value, line_no)
-        items.append(Item(key, f"{wav_scp}:{line_no}", audio=value, records={"wav.scp": value}))
+        items.append(Item(key, f"{wav_scp}:{line_no}", audio=value, records={"wav.scp": value} if with_records else None))
 
     segments = path / "segments"
     if segments.is_file():
@@ -140,7 +151,7 @@ def _read_kaldi_dir(path: Path) -> list[Item]:
                 raise DataError(f"{where}: utterance {key!r} names recording {rec!r}, which is not in {wav_scp}")
             items.append(Item(key, where, audio=wavs[rec][0], seconds=end - start,
                               fields={"rec": rec, "start": start, "end": end},
-                              records={"wav.scp": wavs[rec][0], "segments": value}))
+                              records={"wav.scp": wavs[rec][0], "segments": value} if with_records else None))
 
     utt2dur = path / "utt2dur"
     if utt2dur.is_file() and not segments.is_file():
@@ -155,7 +166,8 @@ def _read_kaldi_dir(path: Path) -> list[Item]:
                 item = by_key.get(key)
                 if item is not None:
                     item.fields[attr] = value
-                    item.records[name] = value
+                    if with_records:
+                        item.records[name] = value
     return items
 
 
@@ -201,9 +213,10 @@ def source_spec(spec: dict) -> dict:
     return spec
 
 
-def read_items(spec: dict) -> list[Item]:
+def read_items(spec: dict, with_records: bool = True) -> list[Item]:
     """All items of a dataset in file order, validated: non-empty, unique keys without whitespace.
-    A chained dataset's items are those of its source dataset."""
+    A chained dataset's items are those of its source dataset. ``with_records=False`` leaves out what
+    only planning digests (each item's source lines), for the dataset a job holds in memory."""
     spec = source_spec(spec)
     path = Path(spec["path"])
     fmt = spec.get("format", "kaldi")
@@ -212,7 +225,7 @@ def read_items(spec: dict) -> list[Item]:
         relative = "" if path.is_absolute() else f" (relative paths are taken from the working directory {os.getcwd()})"
         raise DataError(f"{where}: {path} does not exist{relative}")
     if fmt == "kaldi":
-        items = _read_kaldi_dir(path)
+        items = _read_kaldi_dir(path, with_records)
     elif fmt == "jsonl":
         items = _read_jsonl(path, spec)
     else:
@@ -271,7 +284,7 @@ class KaldiDataset:
 
     def __init__(self, spec: dict):
         self.spec = spec
-        items = read_items(spec)
+        items = read_items(spec, with_records=False)
         self._items = {i.key: i for i in items}
         self.keys = [i.key for i in items]
 

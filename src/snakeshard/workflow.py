@@ -88,7 +88,6 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
         runner_source = check_import_path(stage["runner"], f"stages.{name}.runner")
         if runner_source is not None:
             check_runner_source(stage["runner"], f"stages.{name}.runner", *runner_source)
-
     upstream_of(config)  # chained datasets form no loop
 
 

@@ -9,6 +9,7 @@ numbers match ``compute-fbank-feats``.
   num_mel_bins: 80   frame_length: 25 (ms)   frame_shift: 10 (ms)   dither: 0.0 (deterministic)
   snip_edges: true   low_freq: 20   high_freq: 0 (0: Nyquist; negative: offset from it)
   preemphasis_coefficient: 0.97   remove_dc_offset: true   window_type: povey   use_energy: false
+plus ``global_mvn: true`` (see FbankProvider).
 """
 
 from __future__ import annotations
@@ -63,24 +64,51 @@ def compute_fbank(samples, opts):
 
 
 class FbankProvider(EnvironmentProvider):
-    """The dataset (at the stage's ``sample_rate``, default 16000) and the fbank options."""
+    """The dataset (at the stage's ``sample_rate``, default 16000) and the fbank options.
+
+    ``global_mvn: true``: normalize the features with the statistics of a collect-stats stage (ESPnet2's
+    GlobalMVN); the stage's dataset is then that stage's output, ``{from_stage: stats, dataset: train}``,
+    so its jobs wait for those statistics and rerun when they change.
+    """
 
     def build_env_local(self) -> dict:
         spec = self.config["dataset"]
         rate = int(spec.get("sample_rate") or 16000)
-        options = {k: v for k, v in self.config.items() if k not in ("dataset", "devices")}
-        return {"dataset": load_dataset({**spec, "sample_rate": rate}), "fbank_opts": fbank_options(options, rate)}
+        options = {k: v for k, v in self.config.items() if k not in ("dataset", "devices", "global_mvn")}
+        opts = fbank_options(options, rate)
+        dataset = load_dataset({**spec, "sample_rate": rate})
+        env = {"dataset": dataset, "fbank_opts": opts}
+        if self.config.get("global_mvn"):
+            env["mvn"] = _global_mvn(dataset, opts.mel_opts.num_bins + int(opts.use_energy))
+        return env
+
+
+def _global_mvn(dataset, dims: int):
+    from snakeshard.runners.collect_stats import GlobalMVN
+
+    stats = getattr(dataset, "set_dir", None)
+    if stats is None or not (stats / "feats_stats.npz").exists():
+        raise ConfigError(f"stages.<stage>.provider_config.global_mvn: dataset {dataset.spec.get('name')!r} must be "
+                          "a collect-stats stage's output ({from_stage: <stats stage>, dataset: ...}): no "
+                          f"feats_stats.npz in {stats or 'its data dir'}")
+    mvn = GlobalMVN(stats)
+    if mvn.mean.shape != (dims,):
+        raise ConfigError(f"stages.<stage>.provider_config.global_mvn: {stats}/feats_stats.npz has {mvn.mean.shape} "
+                          f"dims, this stage's fbank {dims}: compute both with the same options")
+    return mvn
 
 
 class FbankRunner(BaseRunner):
     """One key or a batch of keys (fbank is per utterance; batches only group the calls)."""
 
     @staticmethod
-    def forward(keys, *, dataset, fbank_opts):
+    def forward(keys, *, dataset, fbank_opts, mvn=None):
         batch = keys if isinstance(keys, list) else [keys]
         results = []
         for key in batch:
             samples, _ = dataset.load_audio(key, dtype="int16")
             feats = compute_fbank(samples.astype("float32"), fbank_opts)
+            if mvn is not None:
+                feats = mvn(feats)
             results.append({"feats": feats, "utt2num_frames": len(feats)})
         return results if isinstance(keys, list) else results[0]
