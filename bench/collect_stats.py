@@ -13,7 +13,9 @@ compare   N utterances (``--utts``), the stage with NO ``sharding:`` key, so the
           {"num_mel_bins": 80}, 16000))``, accumulating count, sum and sum_square of the frames (and of
           feats_lengths) in float64 per key, then across keys, and writing feats_stats.npz,
           feats_lengths_stats.npz and speech_shape. Runs are interleaved (the order alternates); the table
-          gives medians of R runs (``--repeats``) and speedup = loop / snakeshard. Once, the script checks
+          gives medians of R runs (``--repeats``) and speedup = loop / snakeshard. A third case, two copies
+          of the loop at once over the two halves of the keys, is the ceiling for 2 processes on this
+          machine (2 vCPUs may share a physical core). Once, the script checks
           that results/stats/big/feats_stats.npz and feats_lengths_stats.npz hold the loop's count exactly
           and its sum and sum_square to <= 1e-12 relative (elementwise), and that speech_shape is identical.
 rss       peak RSS of ONE shard job over a single shard (``sharding: {num_shards: 1}``) of each of
@@ -49,13 +51,12 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import machine_info, timed_run
+from benchlib import machine_info, rotated, timed_run
 from dryrun_scale import REPO, copy_workflow
-from fbank_stage import make_data
+from fbank_stage import make_data, run_snakeshard
 
 WORK = REPO / "bench" / "work" / "collect_stats"
 LOCAL_SLURM = REPO.parent / "shared" / "tools" / "local-slurm"  # /work/shared/tools/local-slurm
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2"]
 DRYRUN = [sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "2"]
 MERGED = Path("results") / "stats" / "big"  # relative to a project dir
 RELATIVE_TOLERANCE = 1e-12
@@ -119,13 +120,6 @@ def plan_summary(root: Path) -> tuple[int, float]:
 
 # -- the two sides --
 
-def run_snakeshard(root: Path) -> tuple[float, float]:
-    """(wall s, CPU s of all child processes) of one clean `snakemake --profile config/profiles/local --cores 2`."""
-    for name in ("results", ".snakemake"):
-        shutil.rmtree(root / name, ignore_errors=True)
-    return timed_run(SNAKEMAKE, root, "snakemake")
-
-
 def run_loop(data: Path, out: Path) -> tuple[float, float]:
     """(wall s, CPU s) of the sequential loop writing out/{feats_stats.npz, feats_lengths_stats.npz, speech_shape}."""
     import numpy as np
@@ -157,6 +151,19 @@ def run_loop(data: Path, out: Path) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
+def run_two_loops(data: Path, out: Path) -> tuple[float, float]:
+    """(wall s, CPU s) of two copies of the loop running at once, each over half the keys (no orchestration at
+    all): the most any 2-process runner can get out of this machine for this work."""
+    halves = []
+    lines = (data / "wav.scp").read_text().splitlines(keepends=True)
+    for i, part in enumerate((lines[:len(lines) // 2], lines[len(lines) // 2:])):
+        half = out / f"data{i}"
+        half.mkdir(parents=True, exist_ok=True)
+        (half / "wav.scp").write_text("".join(part))
+        halves.append(f'"{sys.executable}" "{__file__}" --loop {half} {out / f"out{i}"}')
+    return timed_run(["sh", "-c", " & ".join(halves) + " & wait"], out, "two loops")
+
+
 def check_equal(merged: Path, loop: Path) -> list[str]:
     """One line per file: count exact, sum and sum_square within RELATIVE_TOLERANCE; speech_shape identical."""
     import numpy as np
@@ -179,11 +186,12 @@ def part_compare(utts: int, repeats: int) -> None:
     where = WORK / "compare"
     root = make_project(where, utts)
     data, loop_out = where / "data" / "big", where / "loop"
-    runs = {"loop": [], "snakeshard": []}
+    runs = {"loop": [], "snakeshard": [], "two_loops": []}
+    run = {"loop": lambda: run_loop(data, loop_out), "snakeshard": lambda: run_snakeshard(root),
+           "two_loops": lambda: run_two_loops(data, where / "two_loops")}
     for rep in range(repeats):
-        order = ["loop", "snakeshard"] if rep % 2 == 0 else ["snakeshard", "loop"]
-        for side in order:
-            r = run_loop(data, loop_out) if side == "loop" else run_snakeshard(root)
+        for side in rotated(runs, rep):
+            r = run[side]()
             runs[side].append(r)
             print(f"  repeat {rep}: {side} {r[0]:.2f} s wall, {r[1]:.2f} s CPU", flush=True)
         if rep == 0:
@@ -199,6 +207,7 @@ def part_compare(utts: int, repeats: int) -> None:
     print("| case | wall s | CPU s | speedup (loop / case, wall) |")
     print("|---|---:|---:|---:|")
     for side, label in (("loop", "sequential Python loop"),
+                        ("two_loops", "ceiling: two such loops at once, each over half the keys"),
                         ("snakeshard", "snakemake --profile config/profiles/local --cores 2")):
         each = ", ".join(f"{w:.2f}" for w, _ in runs[side])
         speed = "baseline" if side == "loop" else f"**{med['loop'][0] / med[side][0]:.2f}x**"
@@ -279,7 +288,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="compare: interleaved runs of each side")
     ap.add_argument("--rss-sizes", type=int, nargs="+", default=[1_000, 20_000], help="rss: shard sizes")
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 50_000], help="scaling: utterances")
+    ap.add_argument("--loop", nargs=2, metavar=("DATA", "OUT"), help="internal: run one loop (two_loops case)")
     args = ap.parse_args()
+    if args.loop:
+        run_loop(Path(args.loop[0]), Path(args.loop[1]))
+        return
 
     from importlib.metadata import version
 
