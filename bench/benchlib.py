@@ -12,6 +12,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 def machine_info(**versions: str) -> str:
@@ -49,3 +50,15 @@ def rotated(names, rep: int) -> list:
     names = list(names)
     k = rep % len(names)
     return names[k:] + names[:k]
+
+
+def case_dirs(work: Path, cases, keys: list[str]) -> dict:
+    """name -> ``work/case<N>``, one fresh shard dir per case, each holding ``keys`` as a shard's keys file."""
+    from snakeshard.fingerprint import keys_text
+
+    dirs = {}
+    for n, name in enumerate(cases):
+        dirs[name] = Path(work) / f"case{n}"
+        dirs[name].mkdir(parents=True)
+        (dirs[name] / "keys").write_text(keys_text(keys), encoding="utf-8")
+    return dirs

@@ -53,7 +53,7 @@ from pathlib import Path
 
 from benchlib import machine_info, rotated, timed_run
 from dryrun_scale import REPO, copy_workflow
-from fbank_stage import make_data, run_snakeshard
+from fbank_stage import loop_fbanks, make_data, run_snakeshard
 
 WORK = REPO / "bench" / "work" / "collect_stats"
 LOCAL_SLURM = REPO.parent / "shared" / "tools" / "local-slurm"  # /work/shared/tools/local-slurm
@@ -123,24 +123,17 @@ def plan_summary(root: Path) -> tuple[int, float]:
 def run_loop(data: Path, out: Path) -> tuple[float, float]:
     """(wall s, CPU s) of the sequential loop writing out/{feats_stats.npz, feats_lengths_stats.npz, speech_shape}."""
     import numpy as np
-    import soundfile
 
     from snakeshard.runners.collect_stats import stats_npz_bytes
-    from snakeshard.runners.fbank import compute_fbank, fbank_options
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     t0, c0 = time.perf_counter(), time.process_time()
-    opts = fbank_options({"num_mel_bins": 80}, 16000)
-    with open(data / "wav.scp") as f:
-        entries = [line.rstrip("\n").split(" ", 1) for line in f]
     count, total, square = 0, np.zeros(80), np.zeros(80)
     frames = np.zeros(3, dtype=np.float64)  # feats_lengths: count (utterances), sum, sum_square (frames)
     with open(out / "speech_shape", "w") as shapes:
-        for key, path in entries:
-            samples, rate = soundfile.read(path, dtype="int16")
-            assert rate == 16000, (key, rate)
-            feats = compute_fbank(samples.astype(np.float32), opts).astype(np.float64)
+        for key, samples, feats in loop_fbanks(data):
+            feats = feats.astype(np.float64)
             count += len(feats)
             total += feats.sum(0)
             square += (feats * feats).sum(0)

@@ -66,6 +66,22 @@ def make_data(data: Path, n: int) -> None:
     (data / "utt2dur").write_text("".join(dur))
 
 
+def loop_fbanks(data: Path):
+    """(key, samples, feats) per line of data/wav.scp, as the baseline loops compute them: soundfile int16
+    read, then the stage's own ``compute_fbank`` (80 bins, 16 kHz)."""
+    import soundfile
+
+    from snakeshard.runners.fbank import compute_fbank, fbank_options
+
+    opts = fbank_options({"num_mel_bins": 80}, 16000)
+    with open(data / "wav.scp") as f:
+        entries = [line.rstrip("\n").split(" ", 1) for line in f]
+    for key, path in entries:
+        samples, rate = soundfile.read(path, dtype="int16")
+        assert rate == 16000, (key, rate)
+        yield key, samples, compute_fbank(samples.astype("float32"), opts)
+
+
 def run_snakeshard(root: Path) -> tuple[float, float]:
     """(wall s, CPU s of all child processes) of one clean `snakemake --profile config/profiles/local --cores 2`."""
     for name in ("results", ".snakemake"):
@@ -76,22 +92,13 @@ def run_snakeshard(root: Path) -> tuple[float, float]:
 def run_loop(data: Path, out: Path) -> tuple[float, float]:
     """(wall s, CPU s) of the sequential loop writing out/{feats.ark, feats.scp, utt2num_frames}."""
     import kaldiio
-    import soundfile
-
-    from snakeshard.runners.fbank import compute_fbank, fbank_options
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     t0, c0 = time.perf_counter(), time.process_time()
-    opts = fbank_options({"num_mel_bins": 80}, 16000)
-    with open(data / "wav.scp") as f:
-        entries = [line.rstrip("\n").split(" ", 1) for line in f]
     with kaldiio.WriteHelper(f"ark,scp:{out / 'feats.ark'},{out / 'feats.scp'}") as writer, \
             open(out / "utt2num_frames", "w") as frames:
-        for key, path in entries:
-            samples, rate = soundfile.read(path, dtype="int16")
-            assert rate == 16000, (key, rate)
-            feats = compute_fbank(samples.astype("float32"), opts)
+        for key, _, feats in loop_fbanks(data):
             writer(key, feats)
             frames.write(f"{key} {len(feats)}\n")
     return time.perf_counter() - t0, time.process_time() - c0

@@ -22,9 +22,8 @@ import statistics
 import time
 from pathlib import Path
 
-from benchlib import rotated
+from benchlib import case_dirs, rotated
 from snakeshard import BaseRunner
-from snakeshard.fingerprint import keys_text
 from snakeshard.shard import run_shard_dir
 
 WORK = Path(__file__).resolve().parent / "work" / "in_shard"
@@ -92,11 +91,7 @@ def main() -> None:
 
     shutil.rmtree(WORK, ignore_errors=True)
     keys = [f"spk{i // 100:04d}-utt{i:07d}" for i in range(args.items)]
-    dirs = {}
-    for n, name in enumerate(CASES):
-        dirs[name] = WORK / f"case{n}"
-        dirs[name].mkdir(parents=True)
-        (dirs[name] / "keys").write_text(keys_text(keys), encoding="utf-8")
+    dirs = case_dirs(WORK, CASES, keys)
 
     times: dict[str, list[float]] = {name: [] for name in CASES}
     with open(WORK / "job.log", "w") as log, contextlib.redirect_stderr(log):  # like `> {log} 2>&1`

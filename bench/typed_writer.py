@@ -29,9 +29,8 @@ from pathlib import Path
 import kaldiio
 import numpy as np
 
-from benchlib import machine_info, rotated
+from benchlib import case_dirs, machine_info, rotated
 from snakeshard import BaseRunner
-from snakeshard.fingerprint import keys_text
 from snakeshard.shard import run_shard_dir
 
 WORK = Path(__file__).resolve().parent / "work" / "typed_writer"
@@ -89,11 +88,7 @@ def main() -> None:
     keys = [f"spk{i // 100:04d}-utt{i:07d}" for i in range(args.items)]
     data = np.random.default_rng(0).standard_normal((args.items, *SHAPE)).astype(np.float32)
     arrays = dict(zip(keys, data))  # C-contiguous (10, 8) views of one block
-    dirs = {}
-    for n, name in enumerate(CASES):
-        dirs[name] = WORK / f"case{n}"
-        dirs[name].mkdir(parents=True)
-        (dirs[name] / "keys").write_text(keys_text(keys), encoding="utf-8")
+    dirs = case_dirs(WORK, CASES, keys)
 
     times: dict[str, list[float]] = {name: [] for name in CASES}
     with open(WORK / "job.log", "w") as log, contextlib.redirect_stderr(log):  # like `> {log} 2>&1`

@@ -468,3 +468,57 @@ def test_dataerror_names_frame_and_dim():
     seq = np.zeros((4, 3))
     seq[2, 1] = np.nan
     assert _first_nonfinite(seq) == "holds nan at frame 2, dim (1,)"
+
+
+class WideFrontend:
+    """One more feature than the built-in frontend returns (another frontend in another shard)."""
+
+    def __call__(self, keys, dataset):
+        return [({"speech": (10,)}, {"feats": np.ones((3, 80), np.float32), "feats_lengths": np.array([3]),
+                                     "energy": np.ones((3, 1), np.float32)}) for _ in keys]
+
+
+def test_merge_refuses_shards_that_saw_other_features(tmp_path):
+    """Two shards whose stats_keys differ (feats, feats_lengths vs + energy): the merge names both files and
+    writes no stats."""
+    from snakeshard.errors import MergeError
+
+    env = CollectStatsProvider({"dataset": demo_spec(), "num_mel_bins": 80}).build_env_local()
+    run_in_process(env, DEMO_KEYS[:2], tmp_path / "split.0")
+    run_in_process({**env, "frontend": WideFrontend()}, DEMO_KEYS[2:4], tmp_path / "split.1")
+    with pytest.raises(MergeError, match=rf"{tmp_path}/split.1/stats_keys differs from {tmp_path}/split.0/stats_keys"):
+        CollectStatsRunner.merge([tmp_path / "split.0", tmp_path / "split.1"], tmp_path)
+    assert not (tmp_path / "feats_stats.npz").exists()
+
+
+class TinyModel:
+    def collect_feats(self, speech, speech_lengths):
+        return {"feats": speech[:, :, None], "feats_lengths": speech_lengths}
+
+
+def test_model_path_contract_errors(tmp_path):
+    """A collate_fn that reorders the batch, and load_inputs giving keys different inputs: errors naming why."""
+    from snakeshard.runners.collect_stats import common_collate_fn
+
+    def reversed_collate(items):
+        keys, batch = common_collate_fn(items)
+        return keys[::-1], batch
+
+    env = {"dataset": None, "model": TinyModel(), "load_inputs": lambda key: {"speech": np.ones(4, np.float32)}}
+    with pytest.raises(ShardError, match=r"collate_fn returned keys \['b', 'a'\]... for \['a', 'b'\]...: it must keep"):
+        run_in_process({**env, "collate_fn": reversed_collate}, ["a", "b"], tmp_path / "split.0", batch_size=2)
+    odd = {**env, "load_inputs": lambda key: {"speech": np.ones(4, np.float32), **({"text": np.ones(2)} if key == "b" else {})}}
+    with pytest.raises(ShardError, match=r"item 'b': load_inputs gave \['speech', 'text'\], the batch's first key \['speech'\]"):
+        run_in_process(odd, ["a", "b"], tmp_path / "split.1", batch_size=2)
+
+
+def test_global_mvn_refuses_stats_of_another_width(tmp_path):
+    """Stats of 80-dim features applied to a 40-bin fbank stage: an error naming both widths, not a broadcast."""
+    from types import SimpleNamespace
+
+    from snakeshard.runners.collect_stats import stats_npz_bytes
+    from snakeshard.runners.fbank import _global_mvn
+
+    (tmp_path / "feats_stats.npz").write_bytes(stats_npz_bytes(2, np.zeros(80), np.ones(80)))
+    with pytest.raises(ConfigError, match=r"feats_stats.npz has \(80,\) dims, this stage's fbank 40"):
+        _global_mvn(SimpleNamespace(set_dir=tmp_path, spec={"name": "x"}), 40)

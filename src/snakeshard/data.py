@@ -65,21 +65,9 @@ def read_text_lines(path: Path) -> list[str]:
     return lines
 
 
-def iter_text_lines(path: Path):
-    """``read_text_lines`` one line at a time: a job reading a 100k-line wav.scp never holds the whole file."""
-    with open(path, "rb") as f:
-        for line_no, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{line_no}: not UTF-8 (byte {raw[e.start:e.start + 1]!r} at column "
-                                f"{e.start + 1}); convert the file, e.g. iconv -f latin1 -t utf-8") from None
-            yield line[:-1] if line.endswith("\n") else line
-
-
 def _read_kaldi_table(path: Path):
     """``key value`` lines -> (key, value, line_no), one at a time; blank lines are an error, not skipped."""
-    for line_no, line in enumerate(iter_text_lines(path), 1):
+    for line_no, line in enumerate(read_text_lines(path), 1):
         if not line.strip():
             raise DataError(f"{path}:{line_no}: empty line (Kaldi tables have one 'key value' per line)")
         if line[0].isspace():

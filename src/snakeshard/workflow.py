@@ -155,17 +155,13 @@ def runner_default_sharding(path: str, where: str) -> dict:
     import ast
 
     found = check_import_path(path, f"{where}.runner")
-    attr = path.rpartition(".")[2]
-    if found is not None:
-        for node in found[1].body:
-            if isinstance(node, ast.ClassDef) and node.name == attr:
-                for item in node.body:
-                    if (isinstance(item, ast.Assign) and len(item.targets) == 1
-                            and getattr(item.targets[0], "id", None) == "default_sharding"):
-                        try:
-                            return dict(ast.literal_eval(item.value))
-                        except ValueError:
-                            break
+    for item in _class_body(found[1], path) if found else ():
+        if (isinstance(item, ast.Assign) and len(item.targets) == 1
+                and getattr(item.targets[0], "id", None) == "default_sharding"):
+            try:
+                return dict(ast.literal_eval(item.value))
+            except ValueError:
+                break
     raise ConfigError(f"{where}.sharding: not set, and the runner {path} declares no default_sharding: set one "
                       "of num_shards, shard_size, shard_seconds")
 
@@ -178,21 +174,25 @@ def check_runner_source(path: str, where: str, origin: str, tree) -> None:
     """
     import ast
 
-    attr = path.rpartition(".")[2]
-    for node in tree.body:
-        if not (isinstance(node, ast.ClassDef) and node.name == attr):
-            continue
-        for item in node.body:
-            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "forward":
-                decorators = {d.id for d in item.decorator_list if isinstance(d, ast.Name)}
-                decorators |= {d.attr for d in item.decorator_list if isinstance(d, ast.Attribute)}
-                if "staticmethod" not in decorators:
-                    raise ConfigError(f"{where}: {path}.forward ({origin}:{item.lineno}) must be a @staticmethod: "
-                                      "shard jobs call it on the class, with the key first and env entries by name")
-                args = item.args
-                if not (args.posonlyargs or args.args):
-                    raise ConfigError(f"{where}: {path}.forward ({origin}:{item.lineno}) must take the key (or a "
-                                      "batch of keys) as its first positional parameter")
+    for item in _class_body(tree, path):
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "forward":
+            decorators = {d.id for d in item.decorator_list if isinstance(d, ast.Name)}
+            decorators |= {d.attr for d in item.decorator_list if isinstance(d, ast.Attribute)}
+            if "staticmethod" not in decorators:
+                raise ConfigError(f"{where}: {path}.forward ({origin}:{item.lineno}) must be a @staticmethod: "
+                                  "shard jobs call it on the class, with the key first and env entries by name")
+            args = item.args
+            if not (args.posonlyargs or args.args):
+                raise ConfigError(f"{where}: {path}.forward ({origin}:{item.lineno}) must take the key (or a "
+                                  "batch of keys) as its first positional parameter")
+
+
+def _class_body(tree, path: str) -> list:
+    """The statements of the class ``path`` names, as defined at top level of the module ``tree`` ([] if not)."""
+    import ast
+
+    name = path.rpartition(".")[2]
+    return next((node.body for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name), [])
 
 
 def _locate(path: str, where: str) -> tuple[str, str, str | None]:

@@ -49,16 +49,10 @@ class FbankFrontend:
         self.options = options
 
     def __call__(self, keys, dataset) -> list[tuple[dict, dict]]:
-        import numpy as np
+        from snakeshard.runners.fbank import fbank_of
 
-        from snakeshard.runners.fbank import compute_fbank
-
-        out = []
-        for key in keys:
-            samples, _ = dataset.load_audio(key, dtype="int16")
-            feats = compute_fbank(samples.astype(np.float32), self.options)
-            out.append(({"speech": samples.shape}, {"feats": feats, "feats_lengths": np.array([len(feats)])}))
-        return out
+        return [_speech_and_feats(samples.shape, feats)
+                for samples, feats in (fbank_of(dataset, key, self.options) for key in keys)]
 
 
 class UpstreamFrontend:
@@ -68,13 +62,15 @@ class UpstreamFrontend:
         self.field = field
 
     def __call__(self, keys, dataset) -> list[tuple[dict, dict]]:
-        import numpy as np
+        return [_speech_and_feats(feats.shape, feats) for feats in (dataset.load_array(k, self.field) for k in keys)]
 
-        out = []
-        for key in keys:
-            feats = dataset.load_array(key, self.field)
-            out.append(({"speech": feats.shape}, {"feats": feats, "feats_lengths": np.array([len(feats)])}))
-        return out
+
+def _speech_and_feats(speech_shape: tuple, feats) -> tuple[dict, dict]:
+    """A built-in frontend's result for one key, as ESPnet2 names them: the batch input ``speech`` (its
+    shape) and what collect_feats would return, ``feats`` and ``feats_lengths``."""
+    import numpy as np
+
+    return {"speech": speech_shape}, {"feats": feats, "feats_lengths": np.array([len(feats)])}
 
 
 class ModelFrontend:
@@ -126,14 +122,12 @@ def common_collate_fn(items, float_pad_value=0.0, int_pad_value=-32768):
 
     keys = [key for key, _ in items]
     names = list(items[0][1])
+    for key, inputs in items:
+        if set(inputs) != set(names):
+            raise ContractError(f"item {key!r}: load_inputs gave {sorted(inputs)}, the batch's first key {sorted(names)}")
     batch = {}
     for name in names:
-        arrays = []
-        for key, inputs in items:
-            if set(inputs) != set(names):
-                raise ContractError(f"item {key!r}: load_inputs gave {sorted(inputs)}, the batch's first key "
-                                    f"{sorted(names)}")
-            arrays.append(torch.from_numpy(np.asarray(inputs[name])))
+        arrays = [torch.from_numpy(np.asarray(inputs[name])) for _, inputs in items]
         pad = int_pad_value if arrays[0].dtype in (torch.int8, torch.int16, torch.int32, torch.int64) else float_pad_value
         padded = collate(arrays, keys, pad_value=pad)
         batch[name], batch[f"{name}_lengths"] = padded.data, padded.lengths

@@ -63,6 +63,12 @@ def compute_fbank(samples, opts):
     return out
 
 
+def fbank_of(dataset, key: str, opts):
+    """(samples read, fbank) of one key of ``dataset``: its audio read as Kaldi reads wavs (int16 scale)."""
+    samples, _ = dataset.load_audio(key, dtype="int16")
+    return samples, compute_fbank(samples.astype("float32"), opts)
+
+
 class FbankProvider(EnvironmentProvider):
     """The dataset (at the stage's ``sample_rate``, default 16000) and the fbank options.
 
@@ -106,8 +112,7 @@ class FbankRunner(BaseRunner):
         batch = keys if isinstance(keys, list) else [keys]
         results = []
         for key in batch:
-            samples, _ = dataset.load_audio(key, dtype="int16")
-            feats = compute_fbank(samples.astype("float32"), fbank_opts)
+            _, feats = fbank_of(dataset, key, fbank_opts)
             if mvn is not None:
                 feats = mvn(feats)
             results.append({"feats": feats, "utt2num_frames": len(feats)})
