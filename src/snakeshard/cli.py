@@ -1,4 +1,4 @@
-"""``snakeshard`` command line: init, plan, run-shard, merge, status, wer.
+"""``snakeshard`` command line: init, plan, run-shard, merge, report, status, wer.
 
 The Snakefile's rules call ``python -m snakeshard run-shard/merge``; people call
 ``snakeshard plan`` and ``snakeshard status``. Errors on bad input print one
@@ -131,6 +131,19 @@ def cmd_merge(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    """Draw one of a runner's report files (its ``reports``) from the current merged output."""
+    from snakeshard.merge import require_current
+    from snakeshard.workflow import import_object
+
+    spec = json.loads(Path(args.spec).read_text())
+    require_current(args.set_dir, args.inputs)  # never draw a stale merge
+    runner_cls = import_object(spec["runner"], f"stages.{spec['stage']}.runner")
+    runner_cls.report(Path(args.set_dir), Path(args.output).name, Path(args.output))
+    print(f"wrote {args.output}")
+    return 0
+
+
 def merged_state(set_dir: Path, inputs: str) -> str:
     """yes (made from the current plan's inputs) / stale (from other inputs) / no."""
     from snakeshard.merge import merged_record
@@ -205,15 +218,15 @@ def cmd_status(args) -> int:
 
 def cmd_wer(args) -> int:
     from snakeshard.merge import merged_record, require_current
-    from snakeshard.wer import format_wer, word_error_rate
+    from snakeshard.wer import word_error_rate
     from snakeshard.workflow import read_fingerprints
 
     set_dir = Path(args.hyp).parent
     fingerprints = read_fingerprints(set_dir)
     if fingerprints is not None and merged_record(set_dir) is not None:  # a snakeshard merged output
         require_current(set_dir, fingerprints["inputs"])
-    result = word_error_rate(args.ref, args.hyp)
-    text = format_wer(result, args.hyp, args.ref)
+    normalize = [n for n in (args.normalize or "").split(",") if n]
+    text = f"{word_error_rate(args.ref, args.hyp, normalize).summary()} hyp={args.hyp} ref={args.ref}"
     print(text)
     if args.out:
         from snakeshard.atomic import atomic_write_text
@@ -272,6 +285,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--log", help="the merge's log file")
     sp.set_defaults(func=cmd_merge)
 
+    sp = sub.add_parser("report", help="draw a runner's report file (e.g. metrics.png) from a merged set (called by "
+                                       "the report rule)")
+    sp.add_argument("--spec", required=True, help="stage run spec: a JSON file")
+    sp.add_argument("--set-dir", required=True)
+    sp.add_argument("--inputs", required=True, help="digest of the shard fingerprints the merge must have been made from")
+    sp.add_argument("--output", required=True)
+    sp.set_defaults(func=cmd_report)
+
     sp = sub.add_parser("status", help="list each shard as done, stale (with the cause), failed (with its log tail), "
                                        "unreadable, incomplete, pending or removed, and whether the merge is current")
     with_config(sp)
@@ -280,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("wer", help="word error rate of a hypothesis text file against a reference (jiwer)")
     sp.add_argument("--hyp", required=True)
     sp.add_argument("--ref", required=True)
+    sp.add_argument("--normalize", help="jiwer transforms for both sides, comma-separated (e.g. lowercase,"
+                                        "remove_punctuation); default: none, the text as written")
     sp.add_argument("--out")
     sp.set_defaults(func=cmd_wer)
     return p

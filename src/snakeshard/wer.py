@@ -1,35 +1,32 @@
-"""Word error rate of Kaldi-style ``key text`` files, via jiwer."""
+"""``snakeshard wer``: the word error rate of a Kaldi-style ``key text`` hypothesis file against a reference."""
 
 from __future__ import annotations
 
+from snakeshard.data import read_text_lines
 from snakeshard.errors import DataError
 
 
 def read_text_table(path: str) -> dict[str, str]:
     table = {}
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            key, _, text = line.rstrip("\n").partition(" ")
-            if key in table:
-                raise DataError(f"{path}:{line_no}: duplicate key {key!r}")
-            table[key] = text.strip()
+    for line_no, line in enumerate(read_text_lines(path), 1):
+        key, _, text = line.partition(" ")
+        if key in table:
+            raise DataError(f"{path}:{line_no}: duplicate key {key!r}")
+        table[key] = text.strip()
     return table
 
 
-def word_error_rate(ref_path: str, hyp_path: str):
-    """jiwer's word-level measures over the keys of ``ref_path``; every ref key must have a hypothesis."""
-    import jiwer
+def word_error_rate(ref_path: str, hyp_path: str, normalize=()):
+    """A ``WordErrorRate`` over the keys of ``ref_path``; every reference key needs a hypothesis and
+    every hypothesis a reference (a key on one side only is an error naming it, never skipped)."""
+    from snakeshard.metrics import WordErrorRate
 
     ref, hyp = read_text_table(ref_path), read_text_table(hyp_path)
-    missing = [k for k in ref if k not in hyp]
-    if missing:
-        raise DataError(f"{hyp_path}: no hypothesis for {len(missing)} reference key(s), e.g. {missing[:5]}")
-    keys = list(ref)
-    return jiwer.process_words([ref[k] for k in keys], [hyp[k] for k in keys]), len(keys)
-
-
-def format_wer(result, hyp_path: str, ref_path: str) -> str:
-    out, n = result
-    ref_words = out.hits + out.substitutions + out.deletions
-    return (f"WER {out.wer * 100:.2f}% ({out.substitutions} sub, {out.deletions} del, {out.insertions} ins "
-            f"of {ref_words} words, {n} utterances) hyp={hyp_path} ref={ref_path}")
+    for keys, path, other in ((ref, hyp_path, hyp), (hyp, ref_path, ref)):
+        missing = [k for k in keys if k not in other]
+        if missing:
+            raise DataError(f"{path}: no line for key {missing[0]!r}" +
+                            (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    metric = WordErrorRate(normalize)
+    metric.update([ref[k] for k in ref], [hyp[k] for k in ref])
+    return metric

@@ -152,18 +152,32 @@ def runner_default_sharding(path: str, where: str) -> dict:
     """A stage without ``sharding`` takes its runner's ``default_sharding``, a literal class attribute
     read from the runner's source (parse time imports no runner): e.g. CollectStatsRunner shards by audio
     seconds, since a frontend's cost is linear in audio."""
+    sharding = runner_literal(path, "default_sharding", where)
+    if sharding is None:
+        raise ConfigError(f"{where}.sharding: not set, and the runner {path} declares no default_sharding: set one "
+                          "of num_shards, shard_size, shard_seconds")
+    return dict(sharding)
+
+
+def runner_reports(path: str, where: str) -> list[str]:
+    """The files a runner draws after its merge for ``snakemake --report`` (its literal ``reports``
+    attribute, e.g. ScoringRunner's ``metrics.png``); the workflow's report rule asks its ``report``."""
+    return list(runner_literal(path, "reports", where) or ())
+
+
+def runner_literal(path: str, name: str, where: str):
+    """The literal value of class attribute ``name`` in the runner's own source (None if it sets none)."""
     import ast
 
     found = check_import_path(path, f"{where}.runner")
     for item in _class_body(found[1], path) if found else ():
         if (isinstance(item, ast.Assign) and len(item.targets) == 1
-                and getattr(item.targets[0], "id", None) == "default_sharding"):
+                and getattr(item.targets[0], "id", None) == name):
             try:
-                return dict(ast.literal_eval(item.value))
+                return ast.literal_eval(item.value)
             except ValueError:
-                break
-    raise ConfigError(f"{where}.sharding: not set, and the runner {path} declares no default_sharding: set one "
-                      "of num_shards, shard_size, shard_seconds")
+                return None
+    return None
 
 
 def check_runner_source(path: str, where: str, origin: str, tree) -> None:

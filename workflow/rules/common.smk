@@ -9,7 +9,8 @@ from pathlib import Path
 if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())
 
-from snakeshard.workflow import SLURM_PASSTHROUGH, Workflow, stage_resources, stage_sets, validate_config
+from snakeshard.workflow import (SLURM_PASSTHROUGH, Workflow, runner_reports, stage_resources, stage_sets,
+                                 validate_config)
 
 # Found next to this file, so the workflow works as a module from any directory.
 validate_config(config, Path(str(workflow.current_basedir)).parent / "schemas" / "config.schema.yaml")
@@ -23,11 +24,8 @@ STAGE_SETS = stage_sets(config)
 # there, and the command's text is what Snakemake's code trigger compares.
 os.environ["SNAKESHARD_PYTHON"] = sys.executable
 SHARD_RESOURCES = {stage: stage_resources(config, stage) for stage in config["stages"]}
-WER_REPORTS = {
-    (stage, ds): config["datasets"][ds]["path"] + "/text"
-    for stage, ds in STAGE_SETS
-    if config["stages"][stage].get("report_wer")
-}
+# Files a stage's runner draws after its merge for `snakemake --report` (ScoringRunner: metrics.png).
+REPORTS = {stage: runner_reports(config["stages"][stage]["runner"], f"stages.{stage}") for stage in config["stages"]}
 
 
 wildcard_constraints:

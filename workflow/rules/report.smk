@@ -1,17 +1,16 @@
-# Demo scoring: WER of the merged hypotheses against the dataset's transcripts (jiwer).
-# A full scoring stage with mergeable metrics comes later; this is the small final step.
+# Reports: what a stage's runner draws from its merged output (ScoringRunner: metrics.png), registered
+# so `snakemake --report report.html` shows it. Drawn locally, after the merge, from the current merge only.
 
 
-rule wer:
+rule report:
     input:
-        merged=f"{WF.out}/{{stage}}/{{dataset}}/merged.json",
-        ref=lambda w: WER_REPORTS[w.stage, w.dataset],
+        f"{WF.out}/{{stage}}/{{dataset}}/merged.json",
     output:
-        f"{WF.out}/{{stage}}/{{dataset}}/wer.txt",
+        report(f"{WF.out}/{{stage}}/{{dataset}}/{{name}}.png", category="{stage}", subcategory="{dataset}"),
     params:
-        hyp=lambda w: f"{WF.out}/{w.stage}/{w.dataset}/text",
-        set_dir=lambda w: f"{WF.out}/{w.stage}/{w.dataset}",
         inputs=lambda w: WF.inputs[w.stage, w.dataset],
+        set_dir=f"{WF.out}/{{stage}}/{{dataset}}",
     localrule: True
-    script:
-        "../scripts/report_wer.py"
+    shell:
+        '"$SNAKESHARD_PYTHON" -m snakeshard report --spec {params.set_dir}/spec.json --set-dir {params.set_dir}'
+        " --inputs {params.inputs} --output {output}"

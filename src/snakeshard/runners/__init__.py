@@ -3,8 +3,10 @@
 fbank.FbankRunner                 Kaldi fbank features (kaldi-native-fbank) -> feats.ark/scp, utt2num_frames
 vad.SileroVadRunner               silero-vad on padded batches -> speech segments, frame probabilities, trimmed wav
 collect_stats.CollectStatsRunner  ESPnet2's collect_stats: feats_stats.npz, <input>_shape, batch_keys, stats_keys
+scoring.ScoringRunner             WER/CER, classification, regression, AUROC/EER...: metrics.json/.txt/.png
 """
 
 from snakeshard.runners.collect_stats import CollectStatsProvider, CollectStatsRunner, GlobalMVN
+from snakeshard.runners.scoring import ScoringProvider, ScoringRunner
 
-__all__ = ["CollectStatsProvider", "CollectStatsRunner", "GlobalMVN"]
+__all__ = ["CollectStatsProvider", "CollectStatsRunner", "GlobalMVN", "ScoringProvider", "ScoringRunner"]

@@ -1,0 +1,263 @@
+"""Scoring as a stage: per-key scores and alignments as fields, corpus metrics merged exactly.
+
+``provider_config``:
+  metrics: [wer, cer]        any of wer, cer (text), classification, regression (additive: sufficient
+                             statistics per shard, summed at merge), auroc, auprc, eer, min_dcf (need
+                             every score: computed once at merge from the merged per-key fields)
+  hypothesis: text           the field scored: the upstream stage's field over a chained dataset
+                             ({from_stage: asr, dataset: demo}), else a field of the dataset itself
+  reference: text            a field of the dataset (a Kaldi dir's ``text``; any JSON Lines field)
+  normalize: [lowercase, remove_punctuation]   for wer/cer, required: jiwer transforms applied to both
+                             sides ([] scores the text as written); recorded in metrics.json/.txt
+  group_by: spk              optional: additive metrics per value of this dataset field (``spk`` is
+                             a Kaldi dir's utt2spk), as sclite reports per speaker
+  p_target, c_miss, c_fa     minDCF's prior and costs (0.01, 1, 1)
+
+Per shard: fields ``scores`` (JSON Lines: per metric the key's counts), ``alignment`` (JSON Lines,
+words: ops C/S/D/I with both token lists, null for a missing token), ``prediction``/``target`` (text,
+for classification, regression and the score metrics), ``group``; the state file ``metric_state.json``.
+The merge writes ``metrics.json`` (values, sufficient statistics, what was scored and how) and
+``metrics.txt`` (sclite-like); the workflow draws ``metrics.png`` for ``snakemake --report``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from snakeshard import BaseRunner, InferenceProvider
+from snakeshard.errors import ConfigError, DataError, MergeError
+
+TEXT_METRICS = ("wer", "cer")
+ADDITIVE_METRICS = (*TEXT_METRICS, "classification", "regression")
+SCORE_METRICS = ("auroc", "auprc", "eer", "min_dcf")  # BinaryScores: need every key's score at once
+STATE_FILE = "metric_state.json"
+METRICS_JSON, METRICS_TXT, METRICS_PNG = "metrics.json", "metrics.txt", "metrics.png"
+POSITIVE, NEGATIVE = frozenset({"1", "target", "true"}), frozenset({"0", "nontarget", "false"})
+WHERE = "stages.<stage>.provider_config"
+
+
+class Scoring:
+    """What a scoring stage measures, from its ``provider_config`` (validated, errors name the key)."""
+
+    def __init__(self, config: dict):
+        from snakeshard.metrics import TextNormalization
+
+        unknown = sorted(set(config) - {"metrics", "hypothesis", "reference", "normalize", "group_by", "p_target",
+                                        "c_miss", "c_fa", "dataset", "devices"})
+        if unknown:
+            raise ConfigError(f"{WHERE}.{unknown[0]}: not a scoring option (metrics, hypothesis, reference, "
+                              "normalize, group_by, p_target, c_miss, c_fa)")
+        metrics = config.get("metrics")
+        known = (*ADDITIVE_METRICS, *SCORE_METRICS)
+        if not metrics or not isinstance(metrics, list):
+            raise ConfigError(f"{WHERE}.metrics: a list of metrics to compute ({', '.join(known)})")
+        bad = [m for m in metrics if m not in known]
+        if bad:
+            raise ConfigError(f"{WHERE}.metrics: unknown metric {bad[0]!r} (known: {', '.join(known)})")
+        self.metrics = list(dict.fromkeys(metrics))
+        self.hypothesis = config.get("hypothesis", "text")
+        self.reference = config.get("reference", "text")
+        self.group_by = config.get("group_by")
+        self.normalize = None
+        if any(m in TEXT_METRICS for m in self.metrics):
+            if "normalize" not in config:
+                raise ConfigError(f"{WHERE}.normalize: wer and cer need an explicit text normalization: a list of "
+                                  "jiwer transforms (e.g. [lowercase, remove_punctuation]), or [] to score the "
+                                  "text as written")
+            self.normalize = TextNormalization(config["normalize"], f"{WHERE}.normalize")
+        self.dcf = {k: float(config.get(k, default)) for k, default in (("p_target", 0.01), ("c_miss", 1.0),
+                                                                         ("c_fa", 1.0))}
+
+    def describe(self) -> dict:
+        """The part recorded in every state file and in metrics.json."""
+        return {"metrics": self.metrics, "hypothesis": self.hypothesis, "reference": self.reference,
+                "normalize": self.normalize.names if self.normalize else None, "group_by": self.group_by,
+                **({"dcf": self.dcf} if any(m in SCORE_METRICS for m in self.metrics) else {})}
+
+    def new_metrics(self) -> dict:
+        """A fresh accumulator per additive metric."""
+        from snakeshard.metrics import CharacterErrorRate, ConfusionMatrix, RegressionMetrics, WordErrorRate
+
+        make = {"wer": lambda: WordErrorRate(self.normalize), "cer": lambda: CharacterErrorRate(self.normalize),
+                "classification": ConfusionMatrix, "regression": RegressionMetrics}
+        return {m: make[m]() for m in self.metrics if m in make}
+
+
+class ScoringProvider(InferenceProvider):
+    """The dataset (chained or not) and the ``Scoring`` its provider_config describes."""
+
+    def build_env(self) -> dict:
+        from snakeshard.data import load_dataset
+
+        scoring = Scoring(self.config)
+        return {"dataset": load_dataset(self.config["dataset"]), "scoring": scoring}
+
+
+def _value(dataset, key: str, field: str, what: str) -> str:
+    """The hypothesis (an upstream field over a chained dataset, else a dataset field) or the reference."""
+    from snakeshard.data import StageOutputDataset
+
+    if what == "hypothesis" and isinstance(dataset, StageOutputDataset):
+        return dataset.load_field(key, field)
+    value = dataset[key].get(field)
+    if value is None:
+        place = dataset.spec.get("path") if not isinstance(dataset, StageOutputDataset) else "the source dataset"
+        raise DataError(f"item {key!r}: no {what}: the dataset ({place}) has no field {field!r} for it "
+                        f"({WHERE}.{what}; a Kaldi dir gives text and spk (utt2spk), JSON Lines its own fields)")
+    return value
+
+
+def _label(key: str, value) -> int:
+    text = str(value).strip().lower()
+    if text in POSITIVE:
+        return 1
+    if text in NEGATIVE:
+        return 0
+    raise DataError(f"item {key!r}: reference label {value!r} is neither a target (1, target, true) nor a "
+                    "non-target (0, nontarget, false)")
+
+
+def _number(key: str, value, what: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise DataError(f"item {key!r}: {what} {value!r} is not a number") from None
+
+
+class ScoringRunner(BaseRunner):
+    """Scores each key, keeps additive metrics' sufficient statistics as the shard's state, merges them."""
+
+    # Scoring costs tens of microseconds per key: big shards, so job start-up does not dominate.
+    default_sharding = {"shard_size": 50000}
+    reports = ("metrics.png",)  # drawn after the merge by the workflow's report rule, for snakemake --report
+
+    @staticmethod
+    def forward(keys, *, dataset, scoring):
+        from snakeshard.metrics.text import utterance_counts
+
+        results = []
+        for key in keys if isinstance(keys, list) else [keys]:
+            hyp = _value(dataset, key, scoring.hypothesis, "hypothesis")
+            ref = _value(dataset, key, scoring.reference, "reference")
+            result = {"key": key}
+            text = [m for m in scoring.metrics if m in TEXT_METRICS]
+            if text:
+                ref_n, hyp_n = scoring.normalize(str(ref)), scoring.normalize(str(hyp))
+                result["scores"] = {}
+                for metric in text:
+                    counts, alignment = utterance_counts(ref_n, hyp_n, "word" if metric == "wer" else "char")
+                    result["scores"][metric] = counts
+                    if "alignment" not in result:  # words if wer is scored, else characters
+                        result["alignment"] = {"ops": "".join(op for op, _, _ in alignment),
+                                               "ref": [r for _, r, _ in alignment], "hyp": [h for _, _, h in alignment]}
+            if len(text) < len(scoring.metrics):
+                if "regression" in scoring.metrics:
+                    _number(key, hyp, "prediction"), _number(key, ref, "target")
+                if any(m in SCORE_METRICS for m in scoring.metrics):
+                    _number(key, hyp, "score"), _label(key, ref)
+                result["prediction"], result["target"] = str(hyp).strip(), str(ref).strip()
+            if scoring.group_by:
+                result["group"] = str(_value(dataset, key, scoring.group_by, "group_by"))
+            results.append(result)
+        return results if isinstance(keys, list) else results[0]
+
+    @staticmethod
+    def init_state(*, scoring, **env):
+        return {"overall": scoring.new_metrics(), "groups": {}}
+
+    @staticmethod
+    def reduce_state(state, result, *, scoring, **env):
+        targets = [state["overall"]]
+        if scoring.group_by:
+            targets.append(state["groups"].setdefault(result["group"], scoring.new_metrics()))
+        for metrics in targets:
+            for name, metric in metrics.items():
+                if name in TEXT_METRICS:
+                    metric.add(result["scores"][name])
+                elif name == "classification":
+                    metric.update([result["target"]], [result["prediction"]])
+                else:  # regression
+                    metric.update([float(result["target"])], [float(result["prediction"])])
+        return state
+
+    @staticmethod
+    def finalize_state(state, shard_dir, *, scoring, **env) -> list[str]:
+        from snakeshard.atomic import atomic_write_text
+
+        record = {"scoring": scoring.describe(),
+                  "metrics": {name: m.state() for name, m in state["overall"].items()},
+                  "groups": {g: {name: m.state() for name, m in metrics.items()}
+                             for g, metrics in sorted(state["groups"].items())}}
+        atomic_write_text(Path(shard_dir) / STATE_FILE, json.dumps(record, sort_keys=True) + "\n")
+        return [STATE_FILE]
+
+    @classmethod
+    def merge(cls, shard_dirs: list[Path], output_dir: Path) -> list[str]:
+        """Per-key fields: the default merge. Additive metrics: the shards' states merged; score metrics:
+        computed from the merged ``prediction``/``target`` fields (plan order), once."""
+        from snakeshard.atomic import atomic_write_text
+        from snakeshard.merge import merge_fragments
+        from snakeshard.runners.scoring_report import metrics_text
+
+        names = merge_fragments(shard_dirs, output_dir)
+        states = [json.loads((d / STATE_FILE).read_text(encoding="utf-8")) for d in shard_dirs]
+        scoring = states[0]["scoring"]
+        for shard_dir, state in zip(shard_dirs[1:], states[1:]):
+            if state["scoring"] != scoring:
+                raise MergeError(f"{shard_dir}/{STATE_FILE} was scored as {state['scoring']}, {shard_dirs[0]} as "
+                                 f"{scoring}: rerun the stage")
+        metrics = {}
+        for name, state in states[0]["metrics"].items():
+            metrics[name] = _merged(name, [s["metrics"][name] for s in states])
+        groups = {}
+        for group in sorted({g for s in states for g in s["groups"]}):
+            parts = [s["groups"][group] for s in states if group in s["groups"]]
+            groups[group] = {name: _merged(name, [p[name] for p in parts]) for name in parts[0]}
+        if any(m in SCORE_METRICS for m in scoring["metrics"]):
+            metrics.update(_score_metrics(Path(output_dir), scoring))
+        record = {"scoring": scoring,
+                  "merge_kinds": {m: "additive" if m in ADDITIVE_METRICS else "all-data" for m in scoring["metrics"]},
+                  "metrics": metrics, "groups": groups}
+        atomic_write_text(Path(output_dir) / METRICS_JSON, json.dumps(record, indent=1, sort_keys=True) + "\n")
+        text = metrics_text(record)
+        atomic_write_text(Path(output_dir) / METRICS_TXT, text)
+        print(text, end="")
+        return [*names, METRICS_JSON, METRICS_TXT]
+
+    @classmethod
+    def report(cls, set_dir: Path, name: str, path: Path) -> None:
+        from snakeshard.runners.scoring_report import plot_metrics
+
+        plot_metrics(json.loads((Path(set_dir) / METRICS_JSON).read_text(encoding="utf-8")), Path(set_dir), path)
+
+
+def _merged(name: str, states: list[dict]) -> dict:
+    """An additive metric's merged value and sufficient statistics."""
+    from snakeshard.metrics import CharacterErrorRate, ConfusionMatrix, RegressionMetrics, WordErrorRate
+
+    cls = {"wer": WordErrorRate, "cer": CharacterErrorRate, "classification": ConfusionMatrix,
+           "regression": RegressionMetrics}[name]
+    metric = cls.merge(states)
+    return {"value": metric.compute(), "state": metric.state()}
+
+
+def _score_metrics(set_dir: Path, scoring: dict) -> dict:
+    """AUROC, AUPRC, EER, minDCF over every key's merged score and label."""
+    from snakeshard.data import read_text_lines
+    from snakeshard.metrics import BinaryScores
+
+    def table(name):
+        return dict(line.partition(" ")[::2] for line in read_text_lines(set_dir / name))
+
+    predictions, targets = table("prediction"), table("target")
+    keys = list(predictions)
+    missing = [k for k in keys if k not in targets]
+    if missing or len(targets) != len(keys):
+        raise MergeError(f"{set_dir}: prediction and target hold different keys, e.g. {missing[:3]}")
+    scores = BinaryScores(**scoring["dcf"])
+    scores.update(keys, [float(predictions[k]) for k in keys], [_label(k, targets[k]) for k in keys])
+    value = scores.compute()
+    return {m: {"value": {m: value[m], "items": value["items"], "positives": value["positives"],
+                          "negatives": value["negatives"], **({"dcf": scoring["dcf"]} if m == "min_dcf" else {})}}
+            for m in scoring["metrics"] if m in SCORE_METRICS}
