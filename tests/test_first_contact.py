@@ -96,7 +96,7 @@ def test_status_into_a_closed_pipe_ends_quietly(workdir):
     make_kaldi_dir(workdir / "data/many", [f"u{i:05d}" for i in range(3000)], Path("data/demo/wav/cards-001.wav"))
     config = keep_only_stage(read_config(workdir), "asr")
     config["datasets"] = {"many": {"path": "data/many"}}
-    config["stages"]["asr"].update(datasets=["many"], sharding={"shard_size": 1}, report_wer=False)
+    config["stages"]["asr"].update(datasets=["many"], sharding={"shard_size": 1})
     write_config(workdir, config)
     proc = subprocess.run(["bash", "-c", f"{CONSOLE_SCRIPT} status | head -3; echo \"status=${{PIPESTATUS[0]}}\" >&2"],
                           cwd=workdir, capture_output=True, text=True, timeout=300)

@@ -136,8 +136,14 @@ def test_readme_demo_outputs_are_real(workdir):
     run = run_snakemake(workdir)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run_cli(workdir, "status").stdout.splitlines() == shown_output("snakeshard status                    #")
-    wer = (workdir / "results/asr/demo/wer.txt").read_text()
-    assert wer.split(" hyp=")[0] in (PROJECT / "README.md").read_text()
+    # the score stage: its metrics.txt as the README shows it, and the WER line it quotes
+    metrics = (workdir / "results/score/demo_asr/metrics.txt").read_text().splitlines()
+    assert metrics[:2] == shown_output("head -2 results/score/demo_asr/metrics.txt")
+    assert (workdir / "results/score/demo_asr/alignment.jsonl").read_text().splitlines()[1:2] == shown_output(
+        "sed -n 2p results/score/demo_asr/alignment.jsonl")
+    assert metrics[:len(shown_output("cat results/score/demo_asr/metrics.txt"))] == shown_output(
+        "cat results/score/demo_asr/metrics.txt")
+    assert (workdir / "results/score/demo_asr/metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the typed outputs of the fbank and vad stages, and the chained fbank over vad's output
     for path in ("results/vad/demo/speech.jsonl", "results/fbank/demo/utt2num_frames",
                  "results/fbank/demo_vad/utt2num_frames"):
@@ -186,6 +192,23 @@ def test_readme_batch_example_is_real():
     block = readme_block("python", ">>> import numpy as np")
     test = doctest.DocTestParser().get_doctest(block, {}, "README", "README.md", 0)
     assert doctest.DocTestRunner().run(test).failed == 0
+
+
+def test_readme_metrics_example_is_real():
+    """The meters and metrics lines in "Scoring" print what the README shows."""
+    import doctest
+
+    block = readme_block("python", ">>> from snakeshard.metrics import")
+    test = doctest.DocTestParser().get_doctest(block, {}, "README", "README.md", 0)
+    assert doctest.DocTestRunner().run(test).failed == 0
+
+
+def test_readme_scoring_stage_block_is_the_shipped_one():
+    """The score stage the README shows is the demo config's (comments aside)."""
+    shown = yaml.safe_load(readme_block("yaml", "datasets:\n  demo_asr:"))
+    config = yaml.safe_load((PROJECT / "config/config.yaml").read_text())
+    assert shown["stages"]["score"] == {k: v for k, v in config["stages"]["score"].items() if k != "resources"}
+    assert shown["datasets"]["demo_asr"] == config["datasets"]["demo_asr"]
 
 
 def test_readme_config_block_is_a_valid_config():

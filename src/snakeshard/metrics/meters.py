@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from snakeshard.metrics.state import canonical, check_states
+from snakeshard.metrics.state import MetricStateError, canonical, check_states
 
 
 def _as_value(value):
@@ -62,8 +62,14 @@ class AverageMeter:
     @classmethod
     def merge(cls, states) -> "AverageMeter":
         """One meter holding every state's values: sums and counts added (canonical order)."""
+        import numpy as np
+
         meter = cls()
-        for state in canonical(check_states(cls, states)):
+        states = check_states(cls, states)
+        shapes = {np.shape(s["sum"]) for s in states if s["count"]}
+        if len(shapes) > 1:
+            raise MetricStateError(f"AverageMeter.merge: states of shapes {sorted(shapes)}: a meter holds one shape")
+        for state in canonical(states):
             meter.sum = meter.sum + _as_value(state["sum"])
             meter.count += state["count"]
         meter.val = meter.avg
@@ -120,6 +126,12 @@ class AverageMeters:
         self._meters = {name: AverageMeter() for name in names}
         self._meters.update(meters)
 
+    @classmethod
+    def _of(cls, meters: dict) -> "AverageMeters":
+        made = cls()
+        made._meters = dict(meters)  # any name, "self" included
+        return made
+
     def __getitem__(self, name: str) -> AverageMeter:
         try:
             return self._meters[name]
@@ -136,7 +148,10 @@ class AverageMeters:
         return self._meters.keys()
 
     def update(self, values: dict | None = None, *, n: int = 1, **kw) -> None:
-        for name, value in {**(values or {}), **kw}.items():
+        values = {**(values or {}), **kw}
+        for name in values:
+            self[name]  # every name checked first: a typo updates nothing
+        for name, value in values.items():
             self[name].update(value, n)
 
     def reset(self) -> None:
@@ -167,9 +182,9 @@ class AverageMeters:
         states = check_states(cls, states)
         names = list(states[0]["meters"])
         for state in states[1:]:
-            if list(state["meters"]) != names:
-                raise KeyError(f"AverageMeters.merge: meters {list(state['meters'])} and {names} differ")
-        return cls(**{name: AverageMeter.merge([s["meters"][name] for s in states]) for name in names})
+            if set(state["meters"]) != set(names):
+                raise MetricStateError(f"AverageMeters.merge: meters {sorted(state['meters'])} and {sorted(names)} differ")
+        return cls._of({name: AverageMeter.merge([s["meters"][name] for s in states]) for name in names})
 
     def __format__(self, spec: str) -> str:
         return "\t".join(f"{name}: {meter:{spec}}" for name, meter in self._meters.items())

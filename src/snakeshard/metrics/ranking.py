@@ -31,13 +31,18 @@ class BinaryScores(Metric):
         self.dcf = {"p_target": p_target, "c_miss": c_miss, "c_fa": c_fa}
 
     def update(self, keys, scores, labels) -> None:
+        import math
+
         for key, score, label in zip(keys, scores, labels, strict=True):
+            key = str(key)  # as a JSON state holds it: 1 and "1" are one key
             if key in self.scores:
                 raise MetricStateError(f"BinaryScores: key {key!r} scored twice")
-            label = int(label)
-            if label not in (0, 1):
+            if label not in (0, 1):  # 0.5 must not truncate to 0; True/False and 1.0/0.0 are fine
                 raise ValueError(f"BinaryScores: key {key!r} has label {label!r}; labels are 1 (target) or 0")
-            self.scores[key] = (float(score), label)
+            score = float(score)
+            if not math.isfinite(score):
+                raise ValueError(f"BinaryScores: key {key!r} has score {score}; scores must be finite to rank")
+            self.scores[key] = (score, int(label))
 
     def state(self) -> dict:
         return {"type": "BinaryScores", **self.dcf,
@@ -72,10 +77,14 @@ class BinaryScores(Metric):
     def compute(self) -> dict:
         import numpy as np
 
+        nan = float("nan")
+        if not self.scores or len({label for _, label in self.scores.values()}) < 2:
+            # every metric here compares targets with non-targets
+            pos = sum(label for _, label in self.scores.values())
+            return {"items": len(self.scores), "positives": pos, "negatives": len(self.scores) - pos,
+                    "auroc": nan, "auprc": nan, "eer": nan, "min_dcf": nan, **self.dcf}
         scores, labels, tps, fps, pos, neg = self._curve()
         out = {"items": len(scores), "positives": pos, "negatives": neg}
-        if not pos or not neg:  # every metric here compares positives with negatives
-            return {**out, "auroc": float("nan"), "auprc": float("nan"), "eer": float("nan"), "min_dcf": float("nan")}
         # AUROC: Mann-Whitney U with average ranks (ascending scores; ties share their mean rank)
         ascending = scores[::-1]
         _, first, counts = np.unique(ascending, return_index=True, return_counts=True)

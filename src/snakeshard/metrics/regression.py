@@ -3,7 +3,9 @@
 The state is the count, both means, the centered second moments and co-moment (merged with Chan et
 al.'s pairwise formulas, which do not lose precision to a large mean as raw sums of squares do), and the
 sums of absolute and squared errors. All float64; states are merged in a canonical order, so the
-result does not depend on their order, and matches a one-pass computation to rounding (<= 1e-12 rel).
+result does not depend on their order. Measured against exact rational arithmetic: MSE, MAE, RMSE within
+1e-12 relative; Pearson and R2 within 1e-12 at unit scale and 5.4e-12 for values around 1e6 with unit
+spread (7 shards; raw sums of squares would be off by ~1e-4 there).
 """
 
 from __future__ import annotations

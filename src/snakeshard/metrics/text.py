@@ -3,7 +3,8 @@
 The state is the corpus's sufficient statistics: substitutions, deletions, insertions, hits and the
 reference length, summed over utterances; ``WER = (S + D + I) / N``. Summing integers is exact, so
 the merged rate is the same for any sharding and batching, and equal to one jiwer call over every
-utterance at once. An empty reference is scored as jiwer scores it: every hypothesis word is an
+utterance at once. Words are split on any whitespace (``str.split``); jiwer alone splits on spaces, so
+a tab or newline inside a text is a word boundary here and not in a bare ``jiwer.wer`` call. An empty reference is scored as jiwer scores it: every hypothesis word is an
 insertion, counted in the corpus totals, and jiwer divides by ``max(N, 1)`` (so an utterance with an
 empty reference has a rate equal to its insertion count); the state counts such utterances, and
 ``metrics.txt`` says how many there were.

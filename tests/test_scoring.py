@@ -1,0 +1,306 @@
+"""The scoring stage through real snakemake runs: metrics equal whole-set references for any sharding.
+
+One module-scoped run scores a JSON Lines set (60 records: text pairs, class labels, numbers, verification
+trials) with ScoringRunner stages over 1, 3 and 7 shards and batch sizes 1 and 8; each merged
+metrics.json is checked against a reference computed here over all records at once (jiwer for WER/CER,
+direct formulas for the rest). Other tests: the demo's score stage and when it reruns, bad inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import jiwer
+import numpy as np
+import pytest
+from conftest import copy_workflow, read_config, run_cli, run_snakemake, write_config
+
+SCORING = {"runner": "snakeshard.runners.ScoringRunner", "provider": "snakeshard.runners.ScoringProvider",
+           "datasets": ["scored"]}
+NORMALIZE = ["lowercase", "remove_punctuation"]
+FAMILIES = {
+    "text": {"metrics": ["wer", "cer"], "hypothesis": "hyp", "reference": "ref", "normalize": NORMALIZE,
+             "group_by": "spk"},
+    "cls": {"metrics": ["classification"], "hypothesis": "pred", "reference": "label"},
+    "reg": {"metrics": ["regression"], "hypothesis": "estimate", "reference": "value"},
+    "trials": {"metrics": ["auroc", "auprc", "eer", "min_dcf"], "hypothesis": "score", "reference": "target"},
+}
+# text over every layout; the other families over two (their merges are unit-tested in test_metrics.py)
+LAYOUTS = {"text": [(1, 1), (1, 8), (3, 1), (3, 8), (7, 1), (7, 8)], "cls": [(3, 8), (7, 1)],
+           "reg": [(3, 8), (7, 1)], "trials": [(3, 8), (7, 1)]}
+WORDS = "ten of clubs four queen hearts seven spades the amiable he might even have been made".split()
+
+
+def make_records(n: int = 60) -> list[dict]:
+    rng = random.Random(7)
+    records = []
+    for i in range(n):
+        ref = [rng.choice(WORDS) for _ in range(rng.randint(2, 9))]
+        hyp = []
+        for word in ref:
+            r = rng.random()
+            if r < 0.15:
+                hyp.append(rng.choice(WORDS))  # substitution (or a lucky hit)
+            elif r < 0.2:
+                continue  # deletion
+            else:
+                hyp.append(word.upper() if rng.random() < 0.2 else word)  # case differences normalize away
+            if rng.random() < 0.05:
+                hyp.append(rng.choice(WORDS) + ",")  # insertion with punctuation
+        label = rng.choice(["cat", "dog", "bird"])
+        pred = label if rng.random() < 0.7 else rng.choice(["cat", "dog", "bird", "fish"])  # fish: never a label
+        value = rng.gauss(3.0, 1.0)
+        target = int(rng.random() < 0.4)
+        records.append({"key": f"u{i:03d}", "spk": f"s{i % 4}", "ref": " ".join(ref),
+                        "hyp": " ".join(hyp) if i != 5 else "", "label": label, "pred": pred,
+                        "value": value, "estimate": value + rng.gauss(0, 0.3),
+                        "target": target, "score": round(rng.gauss(1.0 if target else 0.0, 1.0), 1)})
+    return records
+
+
+def stage_name(family: str, shards: int, batch: int) -> str:
+    return f"{family}_s{shards}_b{batch}"
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory) -> tuple[Path, list[dict]]:
+    wd = copy_workflow(tmp_path_factory.mktemp("scoring") / "wf")
+    records = make_records()
+    (wd / "data/scored.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = read_config(wd)
+    config["datasets"] = {"scored": {"path": "data/scored.jsonl", "format": "jsonl"}}
+    config["stages"] = {stage_name(f, s, b): {**SCORING, "provider_config": FAMILIES[f], "sharding": {"num_shards": s},
+                                              "batch_size": b}
+                        for f, layouts in LAYOUTS.items() for s, b in layouts}
+    write_config(wd, config)
+    # merged outputs only: drawing 12 PNGs would add ~1 s each (the demo test checks the report)
+    targets = [f"results/{stage}/scored/merged.json" for stage in config["stages"]]
+    run = run_snakemake(wd, *targets)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return wd, records
+
+
+def metrics_of(wd: Path, stage: str) -> dict:
+    return json.loads((wd / "results" / stage / "scored" / "metrics.json").read_text())
+
+
+def normalize(text: str) -> str:
+    return jiwer.Compose([jiwer.ToLowerCase(), jiwer.RemovePunctuation()])(text)
+
+
+@pytest.mark.parametrize("shards, batch", LAYOUTS["text"])
+def test_wer_and_cer_equal_jiwer_over_all_utterances(scored, shards, batch):
+    wd, records = scored
+    refs, hyps = [normalize(r["ref"]) for r in records], [normalize(r["hyp"]) for r in records]
+    metrics = metrics_of(wd, stage_name("text", shards, batch))["metrics"]
+    words = jiwer.process_words(refs, hyps)
+    wer = metrics["wer"]["value"]
+    assert wer["wer"] == pytest.approx(words.wer, rel=1e-12, abs=0)
+    assert (wer["substitutions"], wer["deletions"], wer["insertions"], wer["hits"]) == (
+        words.substitutions, words.deletions, words.insertions, words.hits)
+    assert metrics["cer"]["value"]["cer"] == pytest.approx(jiwer.cer(refs, hyps), rel=1e-12, abs=0)
+    assert wer["utterances"] == 60
+
+
+def test_text_layouts_agree_byte_for_byte(scored):
+    """Every layout merges to the same metrics.json, metrics.txt, scores and alignments."""
+    wd, _ = scored
+    names = ("metrics.json", "metrics.txt", "scores.jsonl", "alignment.jsonl", "group")
+    first = {n: (wd / "results" / stage_name("text", 1, 1) / "scored" / n).read_bytes() for n in names}
+    for shards, batch in LAYOUTS["text"][1:]:
+        for n in names:
+            assert (wd / "results" / stage_name("text", shards, batch) / "scored" / n).read_bytes() == first[n], n
+
+
+def test_per_speaker_wer_equals_jiwer_per_speaker(scored):
+    wd, records = scored
+    record = metrics_of(wd, stage_name("text", 3, 8))
+    assert sorted(record["groups"]) == ["s0", "s1", "s2", "s3"]
+    for spk, group in record["groups"].items():
+        mine = [r for r in records if r["spk"] == spk]
+        want = jiwer.wer([normalize(r["ref"]) for r in mine], [normalize(r["hyp"]) for r in mine])
+        assert group["wer"]["value"]["wer"] == pytest.approx(want, rel=1e-12, abs=0)
+    text = (wd / "results" / stage_name("text", 3, 8) / "scored" / "metrics.txt").read_text()
+    assert "WER per spk:" in text and "normalization (jiwer, both sides): lowercase, remove_punctuation" in text
+    # the alignment of the key with an empty hypothesis: every reference word deleted
+    alignments = [json.loads(line) for line in
+                  (wd / "results" / stage_name("text", 3, 8) / "scored" / "alignment.jsonl").read_text().splitlines()]
+    empty = next(a["value"] for a in alignments if a["key"] == "u005")
+    assert set(empty["ops"]) == {"D"} and empty["hyp"] == [None] * len(empty["ref"])
+
+
+@pytest.mark.parametrize("shards, batch", LAYOUTS["cls"])
+def test_classification_equals_direct_formulas(scored, shards, batch):
+    wd, records = scored
+    value = metrics_of(wd, stage_name("cls", shards, batch))["metrics"]["classification"]["value"]
+    labels, preds = [r["label"] for r in records], [r["pred"] for r in records]
+    classes = sorted(set(labels) | set(preds))
+    assert value["accuracy"] == pytest.approx(sum(a == b for a, b in zip(labels, preds)) / len(labels), rel=1e-12)
+    f1s, recalls = [], []
+    for c in classes:
+        tp = sum(a == c and b == c for a, b in zip(labels, preds))
+        precision = tp / preds.count(c) if preds.count(c) else 0.0
+        recall = tp / labels.count(c) if labels.count(c) else 0.0
+        f1s.append(2 * precision * recall / (precision + recall) if precision + recall else 0.0)
+        if labels.count(c):
+            recalls.append(recall)
+    assert value["f1_macro"] == pytest.approx(sum(f1s) / len(f1s), rel=1e-12)
+    assert value["balanced_accuracy"] == pytest.approx(sum(recalls) / len(recalls), rel=1e-12)
+    assert value["per_class"]["fish"]["support"] == 0 and value["per_class"]["fish"]["recall"] == 0.0
+
+
+@pytest.mark.parametrize("shards, batch", LAYOUTS["reg"])
+def test_regression_equals_numpy_over_all_items(scored, shards, batch):
+    wd, records = scored
+    value = metrics_of(wd, stage_name("reg", shards, batch))["metrics"]["regression"]["value"]
+    y = np.array([r["value"] for r in records])
+    p = np.array([r["estimate"] for r in records])
+    assert value["mse"] == pytest.approx(np.mean((p - y) ** 2), rel=1e-12)
+    assert value["mae"] == pytest.approx(np.mean(np.abs(p - y)), rel=1e-12)
+    assert value["pearson"] == pytest.approx(np.corrcoef(y, p)[0, 1], rel=1e-12)
+    assert value["r2"] == pytest.approx(1 - np.sum((p - y) ** 2) / np.sum((y - y.mean()) ** 2), rel=1e-12)
+
+
+@pytest.mark.parametrize("shards, batch", LAYOUTS["trials"])
+def test_verification_metrics_are_computed_once_over_all_trials(scored, shards, batch):
+    """AUROC over every (target, non-target) pair, ties counting half; never a mean of per-shard values."""
+    wd, records = scored
+    record = metrics_of(wd, stage_name("trials", shards, batch))
+    assert record["merge_kinds"] == {m: "all-data" for m in ("auroc", "auprc", "eer", "min_dcf")}
+    pos = [float(r["score"]) for r in records if r["target"]]
+    neg = [float(r["score"]) for r in records if not r["target"]]
+    pairs = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a in pos for b in neg)
+    assert record["metrics"]["auroc"]["value"]["auroc"] == pytest.approx(pairs / (len(pos) * len(neg)), rel=1e-12)
+    from snakeshard.metrics import BinaryScores
+
+    whole = BinaryScores()
+    whole.update([r["key"] for r in records], [r["score"] for r in records], [r["target"] for r in records])
+    for name in ("auprc", "eer", "min_dcf"):
+        assert record["metrics"][name]["value"][name] == whole.compute()[name]
+    first = metrics_of(wd, stage_name("trials", *LAYOUTS["trials"][0]))
+    assert record["metrics"] == first["metrics"]
+
+
+# -- the demo's score stage: output files, report, and what reruns it --
+
+def demo_asr_and_score(wd: Path) -> None:
+    config = read_config(wd)
+    config["stages"] = {s: config["stages"][s] for s in ("asr", "score")}
+    config["datasets"] = {d: config["datasets"][d] for d in ("demo", "demo_asr")}
+    write_config(wd, config)
+
+
+def scored_jobs(run) -> list[str]:
+    import re
+
+    return sorted(set(re.findall(r"rule (\w+):", run.stdout + run.stderr)) - {"all"})
+
+
+def test_demo_score_stage_reruns_when_the_hypotheses_change_and_only_then(tmp_path):
+    wd = copy_workflow(tmp_path / "wf")
+    demo_asr_and_score(wd)
+    first = run_snakemake(wd)
+    assert first.returncode == 0, first.stderr[-3000:]
+    set_dir = wd / "results/score/demo_asr"
+    text = (set_dir / "metrics.txt").read_text()
+    assert text.startswith("WER 22.83% (15 sub, 3 del, 3 ins of 92 words, 10 utterances)\n")
+    assert (set_dir / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+    report = run_snakemake(wd, "--report", str(tmp_path / "report.html"))
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "metrics.png" in (tmp_path / "report.html").read_text(errors="replace")
+
+    # nothing changed: nothing to do
+    assert scored_jobs(run_snakemake(wd, "-n")) == []
+    # another stage's config (asr's resources are not part of any fingerprint): still nothing
+    config = read_config(wd)
+    config["stages"]["asr"]["resources"]["mem_mb"] = 1200
+    write_config(wd, config)
+    assert scored_jobs(run_snakemake(wd, "-n")) == []
+    # a transcript edited: only the score shard holding that key (asr ignores text), then merge and report
+    ref = wd / "data/demo/text"
+    ref.write_text(ref.read_text().replace("cards-001 ten of clubs", "cards-001 ten of hearts"))
+    dry = run_snakemake(wd, "-n")
+    assert scored_jobs(dry) == ["merge", "report", "shard_score"] and dry.stdout.count("rule shard_score:") == 1
+    # the hypotheses change (asr's decoder config): asr reruns, and so does every score shard
+    config["stages"]["asr"]["provider_config"] = {"decoder_options": {"beam": 1e-20}}
+    write_config(wd, config)
+    dry = run_snakemake(wd, "-n")
+    assert dry.stdout.count("rule shard_asr:") == 2 and dry.stdout.count("rule shard_score:") == 2
+    rerun = run_snakemake(wd)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert scored_jobs(run_snakemake(wd, "-n")) == []
+
+
+def jsonl_project(tmp_path: Path, records: list[dict], **provider_config) -> Path:
+    wd = copy_workflow(tmp_path / "wf")
+    (wd / "data/scored.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = read_config(wd)
+    config["datasets"] = {"scored": {"path": "data/scored.jsonl", "format": "jsonl"}}
+    config["stages"] = {"score": {**SCORING, "sharding": {"shard_size": 2},
+                                  "provider_config": {**FAMILIES["text"], **provider_config}}}
+    write_config(wd, config)
+    return wd
+
+
+def test_a_key_without_a_reference_fails_naming_it_and_nothing_merges(tmp_path):
+    records = [{"key": f"k{i}", "spk": "a", "ref": "a b", "hyp": "a c"} for i in range(6)]
+    del records[3]["ref"]
+    wd = jsonl_project(tmp_path, records)
+    run = run_snakemake(wd)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert "item 'k3': no reference: the dataset (data/scored.jsonl) has no field 'ref' for it" in out
+    assert "provider_config.reference" in out
+    set_dir = wd / "results/score/scored"
+    assert not (set_dir / "merged.json").exists() and not (set_dir / "metrics.json").exists()
+    assert (set_dir / "split.0/done").exists() and (set_dir / "split.2/done").exists()  # the others kept theirs
+
+
+def test_an_empty_reference_is_scored_as_jiwer_does_and_said(tmp_path):
+    records = [{"key": "k0", "spk": "a", "ref": "", "hyp": "x y"}, {"key": "k1", "spk": "a", "ref": "a b", "hyp": "a b"},
+               {"key": "k2", "spk": "b", "ref": "c d e", "hyp": "c"}]
+    wd = jsonl_project(tmp_path, records)
+    run = run_snakemake(wd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    set_dir = wd / "results/score/scored"
+    value = json.loads((set_dir / "metrics.json").read_text())["metrics"]["wer"]["value"]
+    assert value["wer"] == jiwer.wer(["", "a b", "c d e"], ["x y", "a b", "c"])  # (2 ins + 2 del) / 5
+    assert value["insertions"] == 2 and value["empty_references"] == 1
+    assert "1 utterance(s) with an empty reference: scored as jiwer does" in (set_dir / "metrics.txt").read_text()
+
+
+@pytest.mark.parametrize("provider_config, message", [
+    ({"normalize": None}, "provider_config.normalize: a list of text transforms"),
+    ({"metrics": ["bleu"]}, "provider_config.metrics: unknown metric 'bleu'"),
+    ({"normalize": ["lowercase", "stem"]}, "provider_config.normalize: unknown text transform 'stem'"),
+    ({"weights": 2}, "provider_config.weights: not a scoring option"),
+])
+def test_config_errors_name_the_key(tmp_path, provider_config, message):
+    """A bad provider_config fails the canary (one job, before any shard) with the key in the message."""
+    wd = jsonl_project(tmp_path, [{"key": f"k{i}", "spk": "a", "ref": "a", "hyp": "a"} for i in range(4)],
+                       **provider_config)
+    run = run_snakemake(wd, "--config", "canary=2")
+    assert run.returncode != 0 and message in run.stdout + run.stderr
+    assert not list((wd / "results/score/scored").glob("split.*/done"))
+
+
+def test_normalization_must_be_explicit_for_wer():
+    from snakeshard.errors import ConfigError
+    from snakeshard.runners.scoring import Scoring
+
+    with pytest.raises(ConfigError, match=r"normalize: wer and cer need an explicit text normalization"):
+        Scoring({"metrics": ["wer"]})
+    assert Scoring({"metrics": ["wer"], "normalize": []}).describe()["normalize"] == []
+    assert Scoring({"metrics": ["auroc"]}).describe()["dcf"] == {"p_target": 0.01, "c_miss": 1.0, "c_fa": 1.0}
+
+
+def test_snakeshard_wer_names_a_key_on_one_side_only(tmp_path):
+    (tmp_path / "ref").write_text("a x y\nb z\n")
+    (tmp_path / "hyp").write_text("a x y\n")
+    run = run_cli(tmp_path, "wer", "--hyp", "hyp", "--ref", "ref")
+    assert run.returncode == 1 and "hyp: no line for key 'b'" in run.stderr
+    (tmp_path / "hyp").write_text("a X Y\nb z\n")
+    run = run_cli(tmp_path, "wer", "--hyp", "hyp", "--ref", "ref", "--normalize", "lowercase")
+    assert run.returncode == 0 and run.stdout.startswith("WER 0.00% (0 sub, 0 del, 0 ins of 3 words, 2 utterances)")
