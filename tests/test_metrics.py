@@ -750,3 +750,18 @@ def test_words_are_split_on_any_whitespace_as_documented():
     metric = WordErrorRate([])
     metric.update(["a\tb"], ["a b"])
     assert metric.compute()["wer"] == 0.0 == jiwer.wer(["a b"], ["a b"])
+
+
+def test_normalization_is_jiwers_transforms_exactly():
+    """remove_punctuation is our str.translate, the rest jiwer's own: the output equals jiwer.Compose of the
+    same transforms on random Unicode text (category-P characters from every script, contractions, spaces)."""
+    names = ["lowercase", "remove_punctuation", "expand_contractions", "remove_kaldi_non_words",
+             "remove_multiple_spaces", "strip"]
+    mine = TextNormalization(names)
+    theirs = jiwer.Compose([jiwer.ToLowerCase(), jiwer.RemovePunctuation(), jiwer.ExpandCommonEnglishContractions(),
+                            jiwer.RemoveKaldiNonWords(), jiwer.RemoveMultipleSpaces(), jiwer.Strip()])
+    rng = random.Random(3)
+    alphabet = [chr(rng.randrange(0x20, 0x3000)) for _ in range(3000)] + list(" «»¿—「」'\".,!?[noise] <unk> won't")
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        assert mine(text) == theirs(text), text

@@ -33,7 +33,12 @@ COUNTS = ("substitutions", "deletions", "insertions", "hits")
 
 class TextNormalization:
     """``TextNormalization(["lowercase", "remove_punctuation"])(text)``: the jiwer transforms, in order.
-    ``[]`` is a choice too (score the text as written); words are then split on whitespace."""
+    ``[]`` is a choice too (score the text as written); words are then split on whitespace.
+
+    ``remove_punctuation`` removes exactly jiwer.RemovePunctuation's characters (Unicode category P) with
+    one ``str.translate`` instead of jiwer's one ``str.replace`` per punctuation character (~800 per
+    string: 80% of a scoring job's time), and without scanning all of Unicode up front.
+    """
 
     def __init__(self, names, where: str = "normalize"):
         import jiwer
@@ -45,15 +50,35 @@ class TextNormalization:
         if unknown:
             raise ConfigError(f"{where}: unknown text transform {unknown[0]!r} (known: {', '.join(TRANSFORMS)})")
         self.names = list(names)
-        self._compose = jiwer.Compose([getattr(jiwer, TRANSFORMS[n])() for n in self.names])
+        self._steps = [_remove_punctuation if n == "remove_punctuation" else getattr(jiwer, TRANSFORMS[n])().process_string
+                       for n in self.names]
 
     def __call__(self, text: str) -> str:
-        return self._compose(text) if self.names else text
+        for step in self._steps:
+            text = step(text)
+        return text
 
     def describe(self) -> str:
         if not self.names:
             return "none (text scored as written, split on whitespace)"
         return ", ".join(f"{n} (jiwer.{TRANSFORMS[n]})" for n in self.names)
+
+
+class _PunctuationTable(dict):
+    """A ``str.translate`` table that deletes Unicode punctuation, filled in as characters are first seen."""
+
+    def __missing__(self, codepoint: int):
+        import unicodedata
+
+        self[codepoint] = None if unicodedata.category(chr(codepoint)).startswith("P") else codepoint
+        return self[codepoint]
+
+
+_PUNCTUATION = _PunctuationTable()
+
+
+def _remove_punctuation(text: str) -> str:
+    return text.translate(_PUNCTUATION)
 
 
 def utterance_counts(ref: str, hyp: str, unit: str = "word") -> tuple[dict, list]:
