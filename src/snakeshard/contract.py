@@ -153,6 +153,15 @@ class BaseRunner:
 
         return merge_fragments(shard_dirs, output_dir)
 
+    # PNG files drawn from the merged output by the workflow's report rule (registered for
+    # `snakemake --report`), a literal tuple read at parse time, e.g. ScoringRunner's ("metrics.png",).
+    reports: tuple = ()
+
+    @classmethod
+    def report(cls, set_dir: Path, name: str, path: Path) -> None:
+        """Draw the report file ``name`` (one of ``reports``) of the merged ``set_dir`` into ``path``."""
+        raise NotImplementedError(f"{cls.__name__} lists {name!r} in reports but does not define report()")
+
 
 def injected_kwargs(runner_cls: type, env: dict) -> dict:
     """The keyword arguments ``forward`` receives: env entries chosen by parameter name.

@@ -160,9 +160,13 @@ def runner_default_sharding(path: str, where: str) -> dict:
 
 
 def runner_reports(path: str, where: str) -> list[str]:
-    """The files a runner draws after its merge for ``snakemake --report`` (its literal ``reports``
+    """The PNG files a runner draws after its merge for ``snakemake --report`` (its literal ``reports``
     attribute, e.g. ScoringRunner's ``metrics.png``); the workflow's report rule asks its ``report``."""
-    return list(runner_literal(path, "reports", where) or ())
+    reports = list(runner_literal(path, "reports", where) or ())
+    bad = [name for name in reports if not (isinstance(name, str) and name.endswith(".png") and "/" not in name)]
+    if bad:
+        raise ConfigError(f"{where}.runner: {path}.reports lists {bad[0]!r}: reports are PNG file names (x.png)")
+    return reports
 
 
 def runner_literal(path: str, name: str, where: str):
