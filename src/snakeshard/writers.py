@@ -191,10 +191,15 @@ def _json_default(value):
 
 
 class JsonlField(_Field):
+    def __init__(self, *args):
+        super().__init__(*args)
+        # one encoder for the field: json.dumps with options builds a new one per call (~5 us a record)
+        self._encode = json.JSONEncoder(ensure_ascii=False, allow_nan=self.allow_nonfinite,
+                                        default=_json_default).encode
+
     def write(self, key: str, value) -> None:
         try:
-            line = json.dumps({"key": key, "value": value}, ensure_ascii=False, allow_nan=self.allow_nonfinite,
-                              default=_json_default)
+            line = self._encode({"key": key, "value": value})
         except ValueError:
             raise ContractError(f"item {key!r}: field {self.name!r} holds a NaN or infinity; list the field under "
                                 "the stage's allow_nonfinite if that is a valid result") from None
