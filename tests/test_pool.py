@@ -1,0 +1,181 @@
+"""snakeshard.pool: easycore's runner API, every failure easycore hangs on, each under a timeout.
+
+Each scenario runs in a fresh Python process (``python -c``) killed after LIMIT seconds, so a hang fails
+the test instead of stalling the suite, and a pool left open at exit is caught too (the process must end).
+The runner classes live in tests/pool_cases.py: spawned workers import them from there.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+LIMIT = 60  # seconds a scenario may take, start-up of its worker processes included
+
+
+def scenario(code: str, limit: float = LIMIT) -> tuple[dict, float]:
+    """Run ``code`` (which sets ``out``, a JSON-able dict) in a fresh interpreter; return (out, wall seconds)."""
+    script = "import json, sys\nsys.path.insert(0, %r)\n" % str(TESTS) + textwrap.dedent(code) + \
+        "\nprint('OUT ' + json.dumps(out))\n"
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=limit)
+    wall = time.monotonic() - t0
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("OUT ")]
+    assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(lines[-1][4:]), wall
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_ordered_output_equals_sequential(workers):
+    out, _ = scenario(f"""
+        from pool_cases import Square
+        with Square({workers}, {{"jitter": True}}) as runner:
+            first = runner(range(40))
+            second = runner(iter(range(5)))      # the same workers serve a second call
+        out = {{"values": [v for v, _, _ in first], "pids": len({{p for _, p, _ in first}}),
+               "second": [v for v, _, _ in second], "closed": not runner.is_activate}}
+    """)
+    assert out["values"] == [i * i for i in range(40)] and out["second"] == [0, 1, 4, 9, 16]
+    assert out["pids"] == workers and out["closed"]
+
+
+def test_unordered_yields_every_item_exactly_once():
+    out, _ = scenario("""
+        from pool_cases import UnorderedSquare
+        with UnorderedSquare(["cpu", "cpu", "cpu"], {"jitter": True}) as runner:
+            got = runner(range(60))
+        out = {"values": [v for v, _, _ in got], "devices": sorted({d for _, _, d in got})}
+    """)
+    assert sorted(out["values"]) == [i * i for i in range(60)] and out["devices"] == ["cpu"]
+
+
+@pytest.mark.parametrize("cls", ["RaiseOn", "KillOn"])
+def test_a_failing_producer_raises_in_the_caller_naming_item_device_and_cause(cls):
+    """A producer that raises (traceback included), or is killed by SIGKILL mid-item: the call raises
+    within a second of the failure, naming the item and the device; the other workers are stopped."""
+    out, wall = scenario(f"""
+        import time
+        from snakeshard.pool import PoolError
+        from pool_cases import {cls}
+        runner = {cls}(["cpu", "cpu"], {{"bad": 13}})
+        runner(range(4))                          # workers up (spawn start-up is not the failure's time)
+        pids = [w.process.pid for w in runner._workers]
+        t0 = time.monotonic()
+        try:
+            runner(range(100))
+        except PoolError as e:
+            out = {{"error": str(e), "seconds": time.monotonic() - t0}}
+        import psutil
+        out["alive"] = [psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids]
+        out["active"] = runner.is_activate
+        runner.close()                            # idempotent after a failure
+        runner.close()
+    """)
+    assert "item 13" in out["error"] and "(cpu)" in out["error"]
+    if cls == "RaiseOn":
+        assert "ValueError: cannot square 13" in out["error"] and "Traceback" in out["error"]
+    else:
+        assert "was killed by SIGKILL" in out["error"] and "while holding item 13" in out["error"]
+    assert out["seconds"] < 1.5, out["seconds"]  # items take 10 ms each: the failure comes at ~0.1 s
+    assert out["alive"] == [False, False] and out["active"] is False
+
+
+def test_a_consumer_that_raises_propagates_and_close_returns():
+    out, _ = scenario("""
+        from pool_cases import ConsumerRaises
+        runner = ConsumerRaises(2)
+        try:
+            runner(range(10))
+        except KeyError as e:
+            out = {"error": str(e)}
+        runner.close()
+        out["active"] = runner.is_activate
+    """)
+    assert out == {"error": "'consumer refuses 9'", "active": False}
+
+
+def test_producer_init_failure_names_the_device():
+    out, _ = scenario("""
+        from snakeshard.pool import PoolError
+        from pool_cases import InitFails
+        try:
+            InitFails(["cpu"])(range(3))
+        except PoolError as e:
+            out = {"error": str(e)}
+    """)
+    assert "worker 0 (cpu) failed to start: producer_init raised" in out["error"]
+    assert "RuntimeError: no model for cpu" in out["error"]
+
+
+def test_an_item_over_its_timeout_fails_naming_it():
+    out, wall = scenario("""
+        from snakeshard.pool import PoolError
+        from pool_cases import HangOn
+        runner = HangOn(2, {"bad": 5}, item_timeout=2)
+        try:
+            runner(range(10))
+        except PoolError as e:
+            out = {"error": str(e)}
+    """)
+    assert "item 5 is still running after 2 s (item_timeout)" in out["error"]
+    assert wall < 30
+
+
+def test_an_unpicklable_result_is_an_error_not_a_hang():
+    out, _ = scenario("""
+        from snakeshard.pool import PoolError
+        from pool_cases import Unpicklable
+        try:
+            Unpicklable(1)(range(3))
+        except PoolError as e:
+            out = {"error": str(e)}
+    """)
+    assert "failed on item 0" in out["error"] and "could not be sent to the caller" in out["error"]
+
+
+@pytest.mark.parametrize("devices, message", [
+    ('"cuda:0"', "devices='cuda:0' is a string: give a list of devices (['cuda:0'])"),
+    ("0", "devices=0: at least one worker"),
+    ("[]", "devices must be a non-empty list of device strings"),
+])
+def test_bad_devices_are_refused(devices, message):
+    out, _ = scenario(f"""
+        from pool_cases import Square
+        try:
+            Square({devices})
+        except (TypeError, ValueError) as e:
+            out = {{"error": str(e)}}
+    """)
+    assert message in out["error"]
+
+
+def test_close_lets_workers_end_and_a_pool_left_open_does_not_hang_exit(tmp_path):
+    """close() runs producer_end in every worker; a pool never closed is stopped at interpreter exit
+    (the scenario's process must end within the limit)."""
+    out, _ = scenario(f"""
+        from pool_cases import EndWrites, Square
+        with EndWrites(2, {{"end_dir": {str(tmp_path)!r}}}) as runner:
+            runner(range(8))
+        leaked = Square(2)
+        leaked(range(8))                          # never closed
+        out = {{"ok": True}}
+    """)
+    assert out == {"ok": True}
+    assert sorted(p.read_text() for p in tmp_path.glob("*.end")) == ["cpu", "cpu"]
+
+
+def test_devices_list_gives_each_worker_its_device():
+    out, _ = scenario("""
+        from pool_cases import Square
+        with Square(["cpu", "meta", "cpu"]) as runner:
+            got = runner(range(30))
+        out = {"devices": sorted({d for _, _, d in got})}
+    """)
+    assert out["devices"] == ["cpu", "meta"]
