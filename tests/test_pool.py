@@ -179,3 +179,82 @@ def test_devices_list_gives_each_worker_its_device():
         out = {"devices": sorted({d for _, _, d in got})}
     """)
     assert out["devices"] == ["cpu", "meta"]
+
+
+# -- the pool in shard jobs: stage options workers / devices / worker_order / item_timeout --
+
+from conftest import copy_workflow, read_config, run_snakemake, write_config  # noqa: E402
+
+
+def test_asr_demo_with_two_workers_is_byte_identical_to_one(tmp_path):
+    """workers: 2 (ordered and unordered) over the ASR demo: merged text byte-identical to the plain stage."""
+    wd = copy_workflow(tmp_path / "wf")
+    config = read_config(wd)
+    asr = {**config["stages"]["asr"], "resources": {"mem_mb": 1000, "runtime": 10}}
+    config["stages"] = {"asr": asr, "asr_ordered": {**asr, "workers": 2},
+                        "asr_unordered": {**asr, "workers": 2, "worker_order": "unordered"}}
+    config["datasets"] = {"demo": config["datasets"]["demo"]}
+    write_config(wd, config)
+    run = run_snakemake(wd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    plain = (wd / "results/asr/demo/text").read_bytes()
+    assert len(plain.splitlines()) == 10
+    for stage in ("asr_ordered", "asr_unordered"):
+        assert (wd / f"results/{stage}/demo/text").read_bytes() == plain, stage
+        log = (wd / f"results/{stage}/demo/logs/split.0.log").read_text()
+        assert f"shard pool: 2 worker(s) on cpu, cpu, {stage.split('_')[1]}" in log
+
+
+def toy_project(tmp_path: Path, **stage) -> Path:
+    wd = copy_workflow(tmp_path / "wf")
+    (wd / "toy.py").write_text(__import__("conftest").TOY_MODULE)
+    keys = [f"utt{i:03d}" for i in range(12)]
+    (wd / "data/toy").mkdir(parents=True)
+    (wd / "data/toy/wav.scp").write_text("".join(f"{k} data/demo/wav/cards-001.wav\n" for k in keys))
+    config = read_config(wd)
+    config["datasets"] = {"toy": {"path": "data/toy"}}
+    config["stages"] = {"upper": {"runner": "toy.UpperRunner", "provider": "toy.ToyProvider", "provider_config": {},
+                                  "datasets": ["toy"], "sharding": {"shard_size": 6}, **stage}}
+    write_config(wd, config)
+    return wd
+
+
+def test_a_failing_item_in_a_worker_fails_its_shard_naming_key_and_device(tmp_path):
+    wd = toy_project(tmp_path, workers=2, provider_config={"fail_on_keys": ["utt008"]})
+    run = run_snakemake(wd)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert "shard 1 (log: results/upper/toy/logs/split.1.log): worker" in out and "failed on item 'utt008'" in out
+    assert "RuntimeError: asked to fail on utt008" in (wd / "results/upper/toy/logs/split.1.log").read_text()
+    assert (wd / "results/upper/toy/split.0/done").exists() and not (wd / "results/upper/toy/split.1/done").exists()
+
+
+def test_item_timeout_fails_the_job_naming_the_key(tmp_path):
+    wd = toy_project(tmp_path, item_timeout=0.5, provider_config={"item_delay": 3})
+    run = run_snakemake(wd)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert "item 'utt000' is still running after 0.5 s (item_timeout)" in out
+    assert "shard pool: 1 worker(s) on cpu, ordered, item_timeout 0.5 s" in (
+        wd / "results/upper/toy/logs/split.0.log").read_text()
+
+
+@pytest.mark.parametrize("stage, message", [
+    ({"devices": "all"}, "stages.upper.devices: 'all' starts one worker per GPU of the job, but stages.upper.resources "
+                         "asks for none"),
+    ({"workers": 4, "resources": {"cpus_per_task": 2}}, "stages.upper.workers: 4 worker processes, but "
+                                                        "stages.upper.resources.cpus_per_task is 2"),
+    ({"workers": 2, "devices": "all", "resources": {"gpu": 2}}, "set workers (CPU processes) or devices: all"),
+    ({"worker_order": "unordered"}, "stages.upper.worker_order: only for a pool"),
+])
+def test_pool_config_errors_name_the_key_at_parse_time(tmp_path, stage, message):
+    wd = toy_project(tmp_path, **stage)
+    dry = run_snakemake(wd, "-n")
+    assert dry.returncode != 0 and message in dry.stdout + dry.stderr
+
+
+def test_workers_set_the_jobs_cpus_unless_given():
+    from snakeshard.workflow import stage_resources
+
+    config = {"stages": {"a": {"workers": 3}, "b": {"workers": 3, "resources": {"cpus_per_task": 8}}, "c": {}}}
+    assert [stage_resources(config, s)["cpus_per_task"] for s in "abc"] == [3, 8, 1]

@@ -87,9 +87,11 @@ def _run_shard(args, spec: dict) -> int:
     runner_cls = import_object(spec["runner"], f"{where}.runner")
     provider_cls = import_object(spec["provider"], f"{where}.provider")
     devices = job_devices(spec.get("gpus", 0), spec["stage"])  # fail at job start, before loading anything
+    pooled = spec.get("pool")
     try:
         provider = provider_cls({**spec["provider_config"], "dataset": spec["dataset"], "devices": devices})
-        env = provider.build_worker_setup_fn()()  # once per job
+        # once per job; with a pool, the env of this process's hooks (forward runs in the workers)
+        env = provider.build_parent_env() if pooled else provider.build_worker_setup_fn()()
     except SnakeshardError as e:
         raise ShardError(f"{shard}: building the env failed: {e}") from e.__cause__
     except Exception as e:  # the provider's own code: its traceback goes to the log
@@ -99,18 +101,35 @@ def _run_shard(args, spec: dict) -> int:
         fingerprint, inputs = digest(args.shard_inputs), parse_shard_inputs(args.shard_inputs)
     else:  # the canary: the stage fingerprint
         fingerprint, inputs = args.fingerprint, None
-    done = run_shard_dir(runner_cls, env, args.shard_dir, shard_id=args.shard, fingerprint=fingerprint,
-                         log_path=args.log, progress=True, inputs=inputs,
-                         batch_size=spec.get("batch_size"), batch_seconds=spec.get("batch_seconds"),
-                         sort_by_length=spec.get("sort_by_length", False), outputs=spec.get("outputs"),
-                         allow_nonfinite=spec.get("allow_nonfinite") or (),
-                         report_seconds=spec.get("report_seconds", False))
+    pool = _start_pool(spec, devices) if pooled else None
+    try:
+        done = run_shard_dir(runner_cls, env, args.shard_dir, shard_id=args.shard, fingerprint=fingerprint,
+                             log_path=args.log, progress=True, inputs=inputs,
+                             batch_size=spec.get("batch_size"), batch_seconds=spec.get("batch_seconds"),
+                             sort_by_length=spec.get("sort_by_length", False), outputs=spec.get("outputs"),
+                             allow_nonfinite=spec.get("allow_nonfinite") or (),
+                             report_seconds=spec.get("report_seconds", False), pool=pool)
+    finally:
+        if pool is not None:
+            pool.close()
     took = done["end"] - done["start"]
     audio = ""
     if done.get("seconds") is not None:
         audio = f" ({done['seconds']:.1f} s of audio, {done['seconds'] / max(took, 1e-3):.0f}x real time)"
     print(f"shard {args.shard}: {done['items']} items{audio} in {took:.2f} s", file=sys.stderr)
     return 0
+
+
+def _start_pool(spec: dict, job_devices: list[str]):
+    """The stage's pool (``workers: N``: N CPU processes; ``devices: all``: one per GPU of the job)."""
+    from snakeshard.shard_pool import forward_pool
+
+    pooled = spec["pool"]
+    devices = job_devices if pooled.get("devices") == "all" else ["cpu"] * int(pooled.get("workers") or 1)
+    print(f"shard pool: {len(devices)} worker(s) on {', '.join(devices)}, {pooled['order']}"
+          + (f", item_timeout {pooled['item_timeout']:g} s" if pooled.get("item_timeout") else ""), file=sys.stderr)
+    return forward_pool(devices, pooled["order"] == "ordered", spec["runner"], spec["provider"],
+                        {**spec["provider_config"], "dataset": spec["dataset"]}, pooled.get("item_timeout"))
 
 
 def cmd_merge(args) -> int:

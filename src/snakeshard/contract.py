@@ -45,6 +45,12 @@ class EnvironmentProvider:
         """A picklable-in-spirit function a worker calls once to build its env (default: build_env_local)."""
         return self.build_env_local
 
+    def build_parent_env(self) -> dict:
+        """With ``workers``/``devices`` (forward in pool workers), the env of the shard job's own process,
+        where the writer and state hooks run (and ``item_length``). Default: ``build_env_local()``; override
+        it to leave out what only ``forward`` needs (the model), if loading that once more is costly."""
+        return self.build_env_local()
+
 
 class InferenceProvider(EnvironmentProvider):
     """A provider whose local env is built once and then reused (models are expensive to load)."""

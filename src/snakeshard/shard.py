@@ -129,7 +129,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
               fingerprint: str | None = None, log_path: str | None = None,
               batch_size: int | None = None, batch_seconds: float | None = None, sort_by_length: bool = False,
               progress: bool = True, keys_digest: str | None = None, inputs: dict | None = None,
-              allow_nonfinite=(), outputs: dict | None = None, report_seconds: bool = False):
+              allow_nonfinite=(), outputs: dict | None = None, report_seconds: bool = False, pool=None):
     """Run ``runner_cls`` over ``keys``; write fragments and ``done`` into ``shard_dir``.
 
     With ``shard_dir=None`` nothing is written and the list of results is returned (in plan order).
@@ -138,9 +138,11 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
     default writers accept NaN/inf in, ``outputs`` their format overrides (see writers.py).
     With ``batch_size`` or ``batch_seconds``, forward gets lists of keys (see batch.plan_batches).
     ``report_seconds``: count progress in audio seconds too (``item_length``), as for stages sharded by seconds.
+    ``pool``: a started ``shard_pool.forward_pool``: forward runs in its workers, one key or planned batch at a
+    time; results come back here to be written and reduced as without it.
     """
     where = f"shard {shard_id}" + (f" (log: {log_path})" if log_path else "")
-    kwargs = injected_kwargs(runner_cls, env)
+    kwargs = injected_kwargs(runner_cls, env)  # checked here too with a pool: its workers' envs are alike
     call = functools.partial(runner_cls.forward, **kwargs)
     collect = shard_dir is None
     started = time.time()
@@ -181,17 +183,43 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
     size = 1
     current = None
     next_key, next_batch = 0, 0
+
+    def consume(chunk: list[str], out) -> None:
+        """One call's results (a planned batch, or a slice of single keys): written, reduced, counted."""
+        nonlocal seconds, current
+        if batches is not None and (not isinstance(out, (list, tuple)) or len(out) != len(chunk)):
+            got = len(out) if isinstance(out, (list, tuple)) else type(out).__name__
+            raise ShardError(f"{where}: batch {chunk[0]!r}..{chunk[-1]!r}: forward returned {got} "
+                             f"results for {len(chunk)} keys")
+        current = chunk if batches is not None else chunk[0]
+        # write_many declines (returns False) anything unusual; per-item handling then
+        # writes it or raises the precise error.
+        if write_many is None or not write_many(chunk, out):
+            for key, result in zip(chunk, out):
+                handle(result, key)
+        if seconds is not None:
+            seconds += sum(_lengths(runner_cls, env, chunk, where))
+        if bar is not None:
+            if seconds is not None:
+                bar.set_postfix_str(f"{seconds:.1f} s of audio", refresh=False)
+            bar.update(len(chunk))
+
     try:
-        while next_key < len(keys):
+        if pool is not None:  # forward in the pool's workers; results consumed here, as they come
+            from snakeshard.pool import PoolError
+
+            pool.cfg.consume = lambda unit, out: consume(unit, out) if batches is not None else consume([unit], [out])
+            units = ([keys[j] for j in batch] for batch in batches) if batches is not None else iter(keys)
+            try:
+                pool(units)
+            except PoolError as e:
+                raise ShardError(f"{where}: {e}") from None
+        while pool is None and next_key < len(keys):
             t0 = time.perf_counter()
             if batches is not None:  # one call per planned batch
                 chunk = current = [keys[j] for j in batches[next_batch]]
                 next_batch += 1
                 out = call(chunk)
-                if not isinstance(out, (list, tuple)) or len(out) != len(chunk):
-                    got = len(out) if isinstance(out, (list, tuple)) else type(out).__name__
-                    raise ShardError(f"{where}: batch {chunk[0]!r}..{chunk[-1]!r}: forward returned {got} "
-                                     f"results for {len(chunk)} keys")
             else:  # one call per key, over a slice of keys
                 chunk = keys[next_key:next_key + size]
                 out = []
@@ -203,17 +231,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
                     current = chunk[len(out)]
                     raise
             next_key += len(chunk)
-            # write_many declines (returns False) anything unusual; per-item handling then
-            # writes it or raises the precise error.
-            if write_many is None or not write_many(chunk, out):
-                for key, result in zip(chunk, out):
-                    handle(result, key)
-            if seconds is not None:
-                seconds += sum(_lengths(runner_cls, env, chunk, where))
-            if bar is not None:
-                if seconds is not None:
-                    bar.set_postfix_str(f"{seconds:.1f} s of audio", refresh=False)
-                bar.update(len(chunk))
+            consume(chunk, out)
             if write_many is not None and batches is None:  # custom hooks keep forward/write interleaved
                 elapsed = time.perf_counter() - t0
                 if elapsed < FAST_SLICE_S:

@@ -80,6 +80,7 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
         if stage.get("sort_by_length") and not (stage.get("batch_size") or stage.get("batch_seconds")):
             raise ConfigError(f"stages.{name}.sort_by_length: sorting needs batches: set batch_size or batch_seconds")
         check_outputs_config(stage.get("outputs") or {}, f"stages.{name}.outputs")
+        check_pool_config(stage, f"stages.{name}")
         reserved = sorted({"dataset", "devices"} & set(stage.get("provider_config") or {}))
         if reserved:
             raise ConfigError(f"stages.{name}.provider_config.{reserved[0]}: this key is set by snakeshard "
@@ -146,6 +147,31 @@ def check_import_path(path: str, where: str):
     if attr not in _top_level_names(tree):
         raise ConfigError(f"{where}: cannot import {path!r}: module {module!r} ({origin}) defines no {attr!r}")
     return origin, tree
+
+
+def check_pool_config(stage: dict, where: str) -> None:
+    """``workers``/``devices`` against the job's resources: the CPUs or GPUs each shard job asks for."""
+    resources = stage.get("resources") or {}
+    if "workers" in stage and "devices" in stage:
+        raise ConfigError(f"{where}: set workers (CPU processes) or devices: all (one per GPU), not both")
+    if stage.get("devices") == "all" and not requested_gpus(resources):
+        raise ConfigError(f"{where}.devices: 'all' starts one worker per GPU of the job, but "
+                          f"{where}.resources asks for none: set resources.gpu (or a gres with gpu)")
+    cpus = resources.get("cpus_per_task")
+    if "workers" in stage and cpus is not None and cpus < stage["workers"]:
+        raise ConfigError(f"{where}.workers: {stage['workers']} worker processes, but {where}.resources.cpus_per_task "
+                          f"is {cpus}: each shard job would get fewer CPUs (SLURM, local cores) than it runs "
+                          "workers; raise cpus_per_task or leave it out (it then follows workers)")
+    if "worker_order" in stage and not ("workers" in stage or "devices" in stage):
+        raise ConfigError(f"{where}.worker_order: only for a pool (set workers or devices)")
+
+
+def pool_spec(stage: dict) -> dict | None:
+    """What a shard job's pool is (None: forward runs in the job's own process)."""
+    if not any(k in stage for k in ("workers", "devices", "item_timeout")):
+        return None
+    return {"workers": stage.get("workers", 1), "devices": stage.get("devices"),
+            "order": stage.get("worker_order", "ordered"), "item_timeout": stage.get("item_timeout")}
 
 
 def runner_default_sharding(path: str, where: str) -> dict:
@@ -373,6 +399,7 @@ def run_spec(config: dict, stage: str, dataset: str) -> dict:
         "outputs": s.get("outputs") or {},
         "report_seconds": "shard_seconds" in (s.get("sharding") or {}),  # progress in audio seconds too
         "gpus": requested_gpus(s.get("resources") or {}),
+        "pool": pool_spec(s),  # not in the fingerprint: a pool gives the same results
         "dataset": dataset,
     }
 
@@ -388,7 +415,10 @@ def stage_resources(config: dict, stage: str) -> dict:
     ``mem_mb`` and ``runtime`` are the first attempt's; the shard rule multiplies them by the attempt number.
     """
     s = config["stages"][stage]
-    return {**DEFAULT_RESOURCES, **(s.get("resources") or {}), "retries": s.get("retries", 0)}
+    resources = {**DEFAULT_RESOURCES, **(s.get("resources") or {}), "retries": s.get("retries", 0)}
+    if "workers" in s and "cpus_per_task" not in (s.get("resources") or {}):
+        resources["cpus_per_task"] = s["workers"]  # a job running N workers asks for N CPUs (and N local cores)
+    return resources
 
 
 def requested_gpus(resources: dict) -> int:

@@ -1,0 +1,50 @@
+"""A shard's ``forward`` in pool workers (stage option ``workers: N`` or ``devices: all``).
+
+Each worker builds the provider's env once on its own device (``build_worker_setup_fn``, with
+``config["devices"] == [device]``) and runs ``forward`` on the units the shard loop hands it (a key,
+or a planned batch of keys); results come back to the shard job's own process, which writes them and
+keeps the state, as without a pool. Ordered pools hand results back in plan order; unordered ones as
+they finish (the writers put every index in plan order at close, so the merged files are the same).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from snakeshard.pool import OrderedRunner, UnorderedRunner
+
+
+def _init(device, cfg):
+    from snakeshard.contract import injected_kwargs
+    from snakeshard.workflow import import_object
+
+    provider_cls = import_object(cfg.provider, "provider")
+    runner_cls = import_object(cfg.runner, "runner")
+    provider = provider_cls({**cfg.provider_config, "devices": [device]})
+    env = provider.build_worker_setup_fn()()  # once per worker, on its device
+    cfg.call = functools.partial(runner_cls.forward, **injected_kwargs(runner_cls, env))
+
+
+def _work(device, cfg, unit):
+    """A planned batch (a list of keys) gives forward's list of results; a key, its one result."""
+    return unit, cfg.call(unit)
+
+
+def _deliver(cfg, data):
+    cfg.consume(*data)  # the shard loop's handler, set on the caller's cfg only
+
+
+class OrderedForward(OrderedRunner):
+    producer_init, producer_work, consumer_work = staticmethod(_init), staticmethod(_work), staticmethod(_deliver)
+
+
+class UnorderedForward(UnorderedRunner):
+    producer_init, producer_work, consumer_work = staticmethod(_init), staticmethod(_work), staticmethod(_deliver)
+
+
+def forward_pool(devices: list[str], ordered: bool, runner: str, provider: str, provider_config: dict,
+                 item_timeout: float | None = None):
+    """A started pool whose workers run ``runner``'s forward with ``provider``'s env (import paths)."""
+    cls = OrderedForward if ordered else UnorderedForward
+    return cls(devices, {"runner": runner, "provider": provider, "provider_config": provider_config},
+               item_timeout=item_timeout)
