@@ -203,6 +203,17 @@ def test_readme_metrics_example_is_real():
     assert doctest.DocTestRunner().run(test).failed == 0
 
 
+def test_readme_pool_example_runs_as_shown(tmp_path):
+    """`python my_pool.py` (the README's pool example, written to a fresh directory) prints what the README shows."""
+    import subprocess
+    import sys
+
+    (tmp_path / "my_pool.py").write_text(readme_block("python", "# my_pool.py"))
+    run = subprocess.run([sys.executable, "my_pool.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == shown_output("python my_pool.py")
+
+
 def test_readme_scoring_stage_block_is_the_shipped_one():
     """The score stage the README shows is the demo config's (comments aside)."""
     shown = yaml.safe_load(readme_block("yaml", "datasets:\n  demo_asr:"))
