@@ -304,3 +304,23 @@ def test_snakeshard_wer_names_a_key_on_one_side_only(tmp_path):
     (tmp_path / "hyp").write_text("a X Y\nb z\n")
     run = run_cli(tmp_path, "wer", "--hyp", "hyp", "--ref", "ref", "--normalize", "lowercase")
     assert run.returncode == 0 and run.stdout.startswith("WER 0.00% (0 sub, 0 del, 0 ins of 3 words, 2 utterances)")
+
+
+def test_the_report_rule_refuses_a_stale_merge(scored):
+    """`snakeshard report` (the report rule's command) draws only from the merge of the current plan."""
+    wd, _ = scored
+    set_dir = "results/text_s3_b8/scored"
+    run = run_cli(wd, "report", "--spec", f"{set_dir}/spec.json", "--set-dir", set_dir, "--inputs", "not-the-plan",
+                  "--output", f"{set_dir}/stale.png")
+    assert run.returncode == 1 and "the merged output is stale" in run.stderr
+    assert not (wd / set_dir / "stale.png").exists()
+
+
+def test_reports_must_be_png_names(tmp_path, monkeypatch):
+    from snakeshard.errors import ConfigError
+    from snakeshard.workflow import runner_reports
+
+    (tmp_path / "plots.py").write_text("class R:\n    reports = ('metrics.png', 'table.txt')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"stages.s.runner: plots.R.reports lists 'table.txt': reports are PNG"):
+        runner_reports("plots.R", "stages.s")

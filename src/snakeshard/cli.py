@@ -77,7 +77,6 @@ def _run_canary(args, spec: dict) -> int:
 
 def _run_shard(args, spec: dict) -> int:
     from snakeshard.devices import job_devices
-    from snakeshard.errors import ShardError
     from snakeshard.fingerprint import digest, parse_shard_inputs
     from snakeshard.shard import run_shard_dir
     from snakeshard.workflow import import_object
@@ -87,22 +86,15 @@ def _run_shard(args, spec: dict) -> int:
     runner_cls = import_object(spec["runner"], f"{where}.runner")
     provider_cls = import_object(spec["provider"], f"{where}.provider")
     devices = job_devices(spec.get("gpus", 0), spec["stage"])  # fail at job start, before loading anything
-    pooled = spec.get("pool")
+    # A pool is started first: its workers spawn and load their models while this process builds its own env.
+    pool = _start_pool(spec, devices) if spec.get("pool") else None
     try:
-        provider = provider_cls({**spec["provider_config"], "dataset": spec["dataset"], "devices": devices})
-        # once per job; with a pool, the env of this process's hooks (forward runs in the workers)
-        env = provider.build_parent_env() if pooled else provider.build_worker_setup_fn()()
-    except SnakeshardError as e:
-        raise ShardError(f"{shard}: building the env failed: {e}") from e.__cause__
-    except Exception as e:  # the provider's own code: its traceback goes to the log
-        raise ShardError(f"{shard}: the provider {spec['provider']} failed to build the env: "
-                         f"{type(e).__name__}: {e}") from e
-    if args.shard_inputs is not None:  # a shard job: its fingerprint is the digest of what it was given
-        fingerprint, inputs = digest(args.shard_inputs), parse_shard_inputs(args.shard_inputs)
-    else:  # the canary: the stage fingerprint
-        fingerprint, inputs = args.fingerprint, None
-    pool = _start_pool(spec, devices) if pooled else None
-    try:
+        # the provider is kept for the whole job: it may hold what the env refers to (a model, a buffer)
+        provider, env = _build_env(spec, provider_cls, devices, shard, parent=pool is not None)
+        if args.shard_inputs is not None:  # a shard job: its fingerprint is the digest of what it was given
+            fingerprint, inputs = digest(args.shard_inputs), parse_shard_inputs(args.shard_inputs)
+        else:  # the canary: the stage fingerprint
+            fingerprint, inputs = args.fingerprint, None
         done = run_shard_dir(runner_cls, env, args.shard_dir, shard_id=args.shard, fingerprint=fingerprint,
                              log_path=args.log, progress=True, inputs=inputs,
                              batch_size=spec.get("batch_size"), batch_seconds=spec.get("batch_seconds"),
@@ -118,6 +110,21 @@ def _run_shard(args, spec: dict) -> int:
         audio = f" ({done['seconds']:.1f} s of audio, {done['seconds'] / max(took, 1e-3):.0f}x real time)"
     print(f"shard {args.shard}: {done['items']} items{audio} in {took:.2f} s", file=sys.stderr)
     return 0
+
+
+def _build_env(spec: dict, provider_cls, devices: list[str], shard: str, parent: bool) -> tuple:
+    """(provider, env): the job's env, built once (with a pool: the env of this process's hooks; forward
+    runs in the workers)."""
+    from snakeshard.errors import ShardError
+
+    try:
+        provider = provider_cls({**spec["provider_config"], "dataset": spec["dataset"], "devices": devices})
+        return provider, provider.build_parent_env() if parent else provider.build_worker_setup_fn()()
+    except SnakeshardError as e:
+        raise ShardError(f"{shard}: building the env failed: {e}") from e.__cause__
+    except Exception as e:  # the provider's own code: its traceback goes to the log
+        raise ShardError(f"{shard}: the provider {spec['provider']} failed to build the env: "
+                         f"{type(e).__name__}: {e}") from e
 
 
 def _start_pool(spec: dict, job_devices: list[str]):

@@ -50,7 +50,7 @@ class BinaryScores(Metric):
 
     @classmethod
     def merge(cls, states):
-        states = check_states(cls, states, p_target=None, c_miss=None, c_fa=None)
+        states = check_states(cls, states, same=("p_target", "c_miss", "c_fa"))
         merged = cls(p_target=states[0]["p_target"], c_miss=states[0]["c_miss"], c_fa=states[0]["c_fa"])
         for state in states:
             for key, (score, label) in state["scores"].items():

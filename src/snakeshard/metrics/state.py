@@ -27,7 +27,7 @@ def canonical(states: list[dict]) -> list[dict]:
     return sorted(states, key=lambda s: json.dumps(s, sort_keys=True))
 
 
-def check_states(cls, states, **same) -> list[dict]:
+def check_states(cls, states, same: tuple = ()) -> list[dict]:
     """The states, after checking each is one of ``cls`` and agrees with the first on the ``same`` fields."""
     states = list(states)
     if not states:
@@ -56,10 +56,6 @@ class Metric:
 
     def state(self) -> dict:
         raise NotImplementedError
-
-    @classmethod
-    def from_state(cls, state: dict):
-        return cls.merge([state])
 
     @classmethod
     def merge(cls, states):

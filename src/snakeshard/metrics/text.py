@@ -58,10 +58,6 @@ class TextNormalization:
             text = step(text)
         return text
 
-    def describe(self) -> str:
-        if not self.names:
-            return "none (text scored as written, split on whitespace)"
-        return ", ".join(f"{n} (jiwer.{TRANSFORMS[n]})" for n in self.names)
 
 
 class _PunctuationTable(dict):
@@ -148,7 +144,7 @@ class ErrorRate(Metric):
 
     @classmethod
     def merge(cls, states):
-        states = check_states(cls, states, unit=None, normalize=None)
+        states = check_states(cls, states, same=("unit", "normalize"))
         merged = cls(states[0]["normalize"], unit=states[0]["unit"])
         for state in states:
             for name in COUNTS:
@@ -166,10 +162,14 @@ class ErrorRate(Metric):
 
     def summary(self) -> str:
         """``WER 22.83% (15 sub, 3 del, 3 ins of 92 words, 10 utterances)``."""
-        r = self.compute()
-        unit = "words" if self.unit == "word" else "characters"
-        return (f"{self.name.upper()} {100 * r[self.name]:.2f}% ({r['substitutions']} sub, {r['deletions']} del, "
-                f"{r['insertions']} ins of {r['reference_length']} {unit}, {r['utterances']} utterances)")
+        return summary_line(self.name, self.compute())
+
+
+def summary_line(name: str, value: dict) -> str:
+    """One line for an error rate's ``compute()`` value (``name``: wer or cer), as metrics.txt shows it."""
+    unit = "words" if name == "wer" else "characters"
+    return (f"{name.upper()} {100 * value[name]:.2f}% ({value['substitutions']} sub, {value['deletions']} del, "
+            f"{value['insertions']} ins of {value['reference_length']} {unit}, {value['utterances']} utterances)")
 
 
 def _length(counts: dict) -> int:

@@ -26,11 +26,15 @@ import json
 from pathlib import Path
 
 from snakeshard import BaseRunner, InferenceProvider
+from snakeshard.data import StageOutputDataset
 from snakeshard.errors import ConfigError, DataError, MergeError
+from snakeshard.metrics import CharacterErrorRate, ConfusionMatrix, RegressionMetrics, TextNormalization, WordErrorRate
 
 TEXT_METRICS = ("wer", "cer")
 ADDITIVE_METRICS = (*TEXT_METRICS, "classification", "regression")
 SCORE_METRICS = ("auroc", "auprc", "eer", "min_dcf")  # BinaryScores: need every key's score at once
+ADDITIVE = {"wer": WordErrorRate, "cer": CharacterErrorRate, "classification": ConfusionMatrix,
+            "regression": RegressionMetrics}  # text metrics take the normalization
 STATE_FILE = "metric_state.json"
 METRICS_JSON, METRICS_TXT, METRICS_PNG = "metrics.json", "metrics.txt", "metrics.png"
 POSITIVE, NEGATIVE = frozenset({"1", "target", "true"}), frozenset({"0", "nontarget", "false"})
@@ -41,8 +45,6 @@ class Scoring:
     """What a scoring stage measures, from its ``provider_config`` (validated, errors name the key)."""
 
     def __init__(self, config: dict):
-        from snakeshard.metrics import TextNormalization
-
         unknown = sorted(set(config) - {"metrics", "hypothesis", "reference", "normalize", "group_by", "p_target",
                                         "c_miss", "c_fa", "dataset", "devices"})
         if unknown:
@@ -56,11 +58,15 @@ class Scoring:
         if bad:
             raise ConfigError(f"{WHERE}.metrics: unknown metric {bad[0]!r} (known: {', '.join(known)})")
         self.metrics = list(dict.fromkeys(metrics))
+        # what forward does per key, decided once
+        self.text_metrics = [m for m in self.metrics if m in TEXT_METRICS]
+        self.scores = any(m in SCORE_METRICS for m in self.metrics)
+        self.pairs = "regression" in self.metrics or "classification" in self.metrics or self.scores
         self.hypothesis = config.get("hypothesis", "text")
         self.reference = config.get("reference", "text")
         self.group_by = config.get("group_by")
         self.normalize = None
-        if any(m in TEXT_METRICS for m in self.metrics):
+        if self.text_metrics:
             if "normalize" not in config:
                 raise ConfigError(f"{WHERE}.normalize: wer and cer need an explicit text normalization: a list of "
                                   "jiwer transforms (e.g. [lowercase, remove_punctuation]), or [] to score the "
@@ -73,15 +79,12 @@ class Scoring:
         """The part recorded in every state file and in metrics.json."""
         return {"metrics": self.metrics, "hypothesis": self.hypothesis, "reference": self.reference,
                 "normalize": self.normalize.names if self.normalize else None, "group_by": self.group_by,
-                **({"dcf": self.dcf} if any(m in SCORE_METRICS for m in self.metrics) else {})}
+                **({"dcf": self.dcf} if self.scores else {})}
 
     def new_metrics(self) -> dict:
         """A fresh accumulator per additive metric."""
-        from snakeshard.metrics import CharacterErrorRate, ConfusionMatrix, RegressionMetrics, WordErrorRate
-
-        make = {"wer": lambda: WordErrorRate(self.normalize), "cer": lambda: CharacterErrorRate(self.normalize),
-                "classification": ConfusionMatrix, "regression": RegressionMetrics}
-        return {m: make[m]() for m in self.metrics if m in make}
+        return {m: ADDITIVE[m](self.normalize) if m in TEXT_METRICS else ADDITIVE[m]()
+                for m in self.metrics if m in ADDITIVE}
 
 
 class ScoringProvider(InferenceProvider):
@@ -96,8 +99,6 @@ class ScoringProvider(InferenceProvider):
 
 def _value(dataset, key: str, field: str, what: str) -> str:
     """The hypothesis (an upstream field over a chained dataset, else a dataset field) or the reference."""
-    from snakeshard.data import StageOutputDataset
-
     if what == "hypothesis" and isinstance(dataset, StageOutputDataset):
         return dataset.load_field(key, field)
     value = dataset[key].get(field)
@@ -141,21 +142,22 @@ class ScoringRunner(BaseRunner):
             hyp = _value(dataset, key, scoring.hypothesis, "hypothesis")
             ref = _value(dataset, key, scoring.reference, "reference")
             result = {"key": key}
-            text = [m for m in scoring.metrics if m in TEXT_METRICS]
-            if text:
+            if scoring.text_metrics:
                 ref_n, hyp_n = scoring.normalize(str(ref)), scoring.normalize(str(hyp))
                 result["scores"] = {}
-                for metric in text:
+                for metric in scoring.text_metrics:
                     counts, alignment = utterance_counts(ref_n, hyp_n, "word" if metric == "wer" else "char")
                     result["scores"][metric] = counts
                     if "alignment" not in result:  # words if wer is scored, else characters
                         result["alignment"] = {"ops": "".join(op for op, _, _ in alignment),
                                                "ref": [r for _, r, _ in alignment], "hyp": [h for _, _, h in alignment]}
-            if len(text) < len(scoring.metrics):
+            if scoring.pairs:  # checked here, so a bad value fails its shard naming the key
                 if "regression" in scoring.metrics:
-                    _number(key, hyp, "prediction"), _number(key, ref, "target")
-                if any(m in SCORE_METRICS for m in scoring.metrics):
-                    _number(key, hyp, "score"), _label(key, ref)
+                    _number(key, hyp, "prediction")
+                    _number(key, ref, "target")
+                if scoring.scores:
+                    _number(key, hyp, "score")
+                    _label(key, ref)
                 result["prediction"], result["target"] = str(hyp).strip(), str(ref).strip()
             if scoring.group_by:
                 result["group"] = str(_value(dataset, key, scoring.group_by, "group_by"))
@@ -207,14 +209,12 @@ class ScoringRunner(BaseRunner):
             if state["scoring"] != scoring:
                 raise MergeError(f"{shard_dir}/{STATE_FILE} was scored as {state['scoring']}, {shard_dirs[0]} as "
                                  f"{scoring}: rerun the stage")
-        metrics = {}
-        for name, state in states[0]["metrics"].items():
-            metrics[name] = _merged(name, [s["metrics"][name] for s in states])
+        metrics = {name: _merged(name, [s["metrics"][name] for s in states]) for name in states[0]["metrics"]}
         groups = {}
         for group in sorted({g for s in states for g in s["groups"]}):
             parts = [s["groups"][group] for s in states if group in s["groups"]]
             groups[group] = {name: _merged(name, [p[name] for p in parts]) for name in parts[0]}
-        if any(m in SCORE_METRICS for m in scoring["metrics"]):
+        if "dcf" in scoring:  # a score metric is asked for (Scoring.describe)
             metrics.update(_score_metrics(Path(output_dir), scoring))
         record = {"scoring": scoring,
                   "merge_kinds": {m: "additive" if m in ADDITIVE_METRICS else "all-data" for m in scoring["metrics"]},
@@ -234,29 +234,26 @@ class ScoringRunner(BaseRunner):
 
 def _merged(name: str, states: list[dict]) -> dict:
     """An additive metric's merged value and sufficient statistics."""
-    from snakeshard.metrics import CharacterErrorRate, ConfusionMatrix, RegressionMetrics, WordErrorRate
-
-    cls = {"wer": WordErrorRate, "cer": CharacterErrorRate, "classification": ConfusionMatrix,
-           "regression": RegressionMetrics}[name]
-    metric = cls.merge(states)
+    metric = ADDITIVE[name].merge(states)
     return {"value": metric.compute(), "state": metric.state()}
+
+
+def merged_pairs(set_dir: Path) -> list[tuple[str, str, str]]:
+    """(key, prediction, target) in plan order, from the merged fields (both come from the same results, and
+    the merge checked each holds every key once)."""
+    from snakeshard.wer import read_text_table
+
+    predictions, targets = read_text_table(set_dir / "prediction"), read_text_table(set_dir / "target")
+    return [(key, prediction, targets[key]) for key, prediction in predictions.items()]
 
 
 def _score_metrics(set_dir: Path, scoring: dict) -> dict:
     """AUROC, AUPRC, EER, minDCF over every key's merged score and label."""
-    from snakeshard.data import read_text_lines
     from snakeshard.metrics import BinaryScores
 
-    def table(name):
-        return dict(line.partition(" ")[::2] for line in read_text_lines(set_dir / name))
-
-    predictions, targets = table("prediction"), table("target")
-    keys = list(predictions)
-    missing = [k for k in keys if k not in targets]
-    if missing or len(targets) != len(keys):
-        raise MergeError(f"{set_dir}: prediction and target hold different keys, e.g. {missing[:3]}")
+    pairs = merged_pairs(set_dir)
     scores = BinaryScores(**scoring["dcf"])
-    scores.update(keys, [float(predictions[k]) for k in keys], [_label(k, targets[k]) for k in keys])
+    scores.update([k for k, _, _ in pairs], [float(p) for _, p, _ in pairs], [_label(k, t) for k, _, t in pairs])
     value = scores.compute()
     return {m: {"value": {m: value[m], "items": value["items"], "positives": value["positives"],
                           "negatives": value["negatives"], **({"dcf": scoring["dcf"]} if m == "min_dcf" else {})}}

@@ -5,13 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-UNITS = {"wer": "words", "cer": "characters"}
+from snakeshard.metrics.text import summary_line
 
-
-def error_rate_line(name: str, value: dict) -> str:
-    """``WER 22.83% (15 sub, 3 del, 3 ins of 92 words, 10 utterances)``."""
-    return (f"{name.upper()} {100 * value[name]:.2f}% ({value['substitutions']} sub, {value['deletions']} del, "
-            f"{value['insertions']} ins of {value['reference_length']} {UNITS[name]}, {value['utterances']} utterances)")
+UNITS = ("wer", "cer")  # the error rates, drawn and tabulated per group
 
 
 def _number(x) -> str:
@@ -24,7 +20,7 @@ def metrics_text(record: dict) -> str:
     for name in scoring["metrics"]:
         value = metrics[name]["value"]
         if name in UNITS:
-            lines.append(error_rate_line(name, value))
+            lines.append(summary_line(name, value))
         elif name == "classification":
             lines.append(f"accuracy {_number(value['accuracy'])}, balanced accuracy {_number(value['balanced_accuracy'])}, "
                          f"F1 macro {_number(value['f1_macro'])} / weighted {_number(value['f1_weighted'])} "
@@ -138,24 +134,14 @@ def _confusion_panel(ax, value: dict, record: dict) -> None:
     ax.set_title(f"confusion matrix (accuracy {value['accuracy']:.3f})")
 
 
-def _pairs(set_dir: Path):
-    from snakeshard.data import read_text_lines
-
-    def table(name):
-        return dict(line.partition(" ")[::2] for line in read_text_lines(set_dir / name))
-
-    predictions, targets = table("prediction"), table("target")
-    return [(predictions[k], targets[k]) for k in predictions]
-
-
 def _roc_panel(ax, set_dir: Path, metrics: dict) -> None:
     import numpy as np
 
-    from snakeshard.runners.scoring import _label
+    from snakeshard.runners.scoring import _label, merged_pairs
 
-    pairs = _pairs(set_dir)
-    scores = np.array([float(p) for p, _ in pairs])
-    labels = np.array([_label("", t) for _, t in pairs])
+    pairs = merged_pairs(set_dir)
+    scores = np.array([float(p) for _, p, _ in pairs])
+    labels = np.array([_label(k, t) for k, _, t in pairs])
     order = np.argsort(-scores, kind="stable")
     tpr = np.r_[0, np.cumsum(labels[order]) / max(labels.sum(), 1)]
     fpr = np.r_[0, np.cumsum(1 - labels[order]) / max((1 - labels).sum(), 1)]
@@ -168,8 +154,10 @@ def _roc_panel(ax, set_dir: Path, metrics: dict) -> None:
 
 
 def _scatter_panel(ax, set_dir: Path, value: dict) -> None:
-    pairs = _pairs(set_dir)
-    ax.scatter([float(t) for _, t in pairs], [float(p) for p, _ in pairs], s=8)
+    from snakeshard.runners.scoring import merged_pairs
+
+    pairs = merged_pairs(set_dir)
+    ax.scatter([float(t) for _, _, t in pairs], [float(p) for _, p, _ in pairs], s=8)
     ax.set_xlabel("target")
     ax.set_ylabel("prediction")
     ax.set_title(f"regression (R2 {value['r2']:.3f}, Pearson {value['pearson']:.3f})")
