@@ -119,3 +119,31 @@ def test_a_rule_of_the_users_own_reads_a_merged_output(quick_start):
     energy = dict(line.split() for line in (project / "results/energy/demo/energy_db").read_text().splitlines())
     loudest = sorted(energy.items(), key=lambda kv: -float(kv[1]))[:3]
     assert (project / "results/loudest.txt").read_text() == "".join(f"{k} {v}\n" for k, v in loudest)
+
+
+def test_local_runs_never_touch_slurm_without_the_extra(quick_start, tmp_path):
+    """The quick start installs no SLURM plugin: with SLURM's client tools on PATH (here stand-ins that
+    record every call), `snakemake --version`, a dry run and a local run call none of them, and the SLURM
+    profile stops at once naming the missing executor plugin."""
+    calls = tmp_path / "calls"
+    tools = tmp_path / "slurm_tools"
+    tools.mkdir()
+    for tool in ("scontrol", "sinfo", "squeue", "sacct", "sbatch"):
+        (tools / tool).write_text(f"#!/bin/sh\necho {tool} >> {calls}\nsleep 30\n")
+        (tools / tool).chmod(0o755)
+    env = {**quick_start["env"], "PATH": f"{quick_start['venv']}/bin:{tools}:{quick_start['env']['PATH']}"}
+
+    def run(*args):
+        return subprocess.run(list(args), cwd=quick_start["project"], env=env, capture_output=True, text=True,
+                              timeout=300)
+
+    assert run("python", "-c", "import importlib.util as u; print(u.find_spec('snakemake_executor_plugin_slurm'))"
+               ).stdout.strip() == "None"
+    imports = run("python", "-X", "importtime", "-m", "snakemake", "--version")
+    assert imports.returncode == 0 and "snakemake_executor_plugin_slurm" not in imports.stderr
+    assert run("snakemake", "-n").returncode == 0
+    assert run("snakemake", "--profile", "profiles/local", "--forceall").returncode == 0
+    assert not calls.exists(), calls.read_text()
+    slurm = run("snakemake", "--profile", "profiles/slurm", "-n")
+    assert slurm.returncode != 0 and "slurm" in (slurm.stdout + slurm.stderr).lower()
+    assert not calls.exists()

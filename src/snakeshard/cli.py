@@ -273,6 +273,7 @@ def cmd_init(args) -> int:
     written = init_project(args.directory, args.data)
     print(f"wrote {', '.join(written)} in {args.directory}")
     print(f"next: cd {args.directory} && snakemake -n && snakemake --profile profiles/local && snakeshard status")
+    print('on SLURM: pip install "snakeshard[slurm]" (the executor plugin), then snakemake --profile profiles/slurm')
     return 0
 
 

@@ -41,10 +41,12 @@ def make_decoder(**options) -> pocketsphinx.Decoder:
 def decode(decoder: pocketsphinx.Decoder, samples: np.ndarray) -> str:
     """Recognise one whole utterance of 16-bit mono audio; return lowercase text.
 
-    ``full_utt=True`` lets PocketSphinx normalise over the entire utterance
-    (batch CMN) instead of streaming, so the result does not depend on which
-    utterances this decoder saw before (checked on data/demo: same text in any
-    order, reused or fresh decoder). Returns "" when nothing is recognised.
+    Each utterance is decoded as a fresh decoder would decode it: the decoder's
+    live cepstral mean normalisation carries an estimate from one utterance into
+    the next (``full_utt=True`` alone does not reset it), so the text of a key
+    would depend on which keys the same job decoded before it, i.e. on the shard
+    layout. ``reinit_feat()`` resets the feature pipeline (about 0.2 ms).
+    Returns "" when nothing is recognised.
     """
     samples = np.asarray(samples)
     if samples.dtype != np.int16 or samples.ndim != 1:
@@ -52,6 +54,7 @@ def decode(decoder: pocketsphinx.Decoder, samples: np.ndarray) -> str:
         raise TypeError(f"need 1-D int16 samples, got {samples.dtype} {samples.shape}")
     if samples.size == 0:
         return ""  # process_raw raises IndexError on an empty buffer
+    decoder.reinit_feat()
     decoder.start_utt()
     decoder.process_raw(np.ascontiguousarray(samples, dtype="<i2").tobytes(),
                         no_search=False, full_utt=True)

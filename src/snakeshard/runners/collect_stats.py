@@ -12,8 +12,10 @@ Per dataset (ESPnet's ``train``/``valid`` modes are datasets here), the merged d
   collect_feats/<feat>.scp + .npy files   with ``write_collected_feats: true`` (ESPnet2 writes npy)
 
 Each ``split.N/`` holds the same files for its keys (the layout of one of ESPnet2's ``stats.N/<mode>``
-dirs). Sums are float64 from the first frame: per key, per shard (``reduce_state``), then across shards
-in plan order (``merge``); ESPnet2 accumulates in the features' own dtype (float32).
+dirs). Each key's frames are summed in float64; the keys' sums are then added exactly (``ExactSum``: per
+shard in ``reduce_state``, across shards in ``merge``, from each shard's ``exact_sums.json``) and rounded
+once, so the merged npz is the same bytes for any shard count or batching. ESPnet2 accumulates in the
+features' own dtype (float32).
 
 Frontends (what turns a key into features):
   fbank     (default) Kaldi fbank with kaldi-native-fbank; ``provider_config`` takes Kaldi's options
@@ -30,14 +32,18 @@ Frontends (what turns a key into features):
 from __future__ import annotations
 
 import io
+import json
+import math
 import zipfile
 from pathlib import Path
 
 from snakeshard import BaseRunner, InferenceProvider
 from snakeshard.errors import ConfigError, ContractError, DataError, MergeError
+from snakeshard.exact_sum import ExactSum
 
 COLLECTED = "collect_feats"  # ESPnet2's dir of collected features
 BATCH_KEYS, STATS_KEYS = "batch_keys", "stats_keys"
+EXACT_SUMS = "exact_sums.json"  # per shard: the exact sums the merge adds (the npz holds them rounded)
 
 
 # -- frontends: keys -> per key (input shapes, features) --
@@ -212,14 +218,14 @@ class CollectStatsRunner(BaseRunner):
                 raise DataError(f"item {key!r}: feature {name!r} {_first_nonfinite(seq)}: refusing to add it to the "
                                 "statistics (its mean and variance would be NaN)")
             if name not in stats:
-                stats[name] = [0, np.zeros_like(total), np.zeros_like(square)]
-            elif stats[name][1].shape != total.shape:
+                stats[name] = [0, ExactSum(total.size), ExactSum(total.size), total.shape]
+            elif stats[name][3] != total.shape:
                 raise DataError(f"item {key!r}: feature {name!r} has frames of shape {seq.shape[1:]}, earlier keys "
-                                f"{stats[name][1].shape}")
+                                f"{stats[name][3]}")
             acc = stats[name]
             acc[0] += len(seq)
-            acc[1] += total
-            acc[2] += square
+            acc[1].add(total.ravel())
+            acc[2].add(square.ravel())
         return state
 
     @staticmethod
@@ -234,22 +240,23 @@ class CollectStatsRunner(BaseRunner):
 
     @staticmethod
     def finalize_state(state, shard_dir, **env) -> list[str]:
-        from snakeshard.atomic import atomic_write_bytes, atomic_write_text
+        from snakeshard.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 
-        names = []
-        for name, (count, total, square) in state["stats"].items():
-            atomic_write_bytes(Path(shard_dir) / f"{name}_stats.npz", stats_npz_bytes(count, total, square))
+        names, exact = [], {}
+        for name, (count, total, square, shape) in state["stats"].items():
+            atomic_write_bytes(Path(shard_dir) / f"{name}_stats.npz",
+                               stats_npz_bytes(count, total.value().reshape(shape), square.value().reshape(shape)))
             names.append(f"{name}_stats.npz")
+            exact[name] = {"count": count, "shape": list(shape), "sum": total.state(), "sum_square": square.state()}
+        atomic_write_json(Path(shard_dir) / EXACT_SUMS, exact, fsync=False)
         atomic_write_text(Path(shard_dir) / BATCH_KEYS, _lines(state["batch_keys"] or []))
         atomic_write_text(Path(shard_dir) / STATS_KEYS, _lines(state["stats"]))
-        return [*names, BATCH_KEYS, STATS_KEYS]
+        return [*names, EXACT_SUMS, BATCH_KEYS, STATS_KEYS]
 
     @classmethod
     def merge(cls, shard_dirs: list[Path], output_dir: Path) -> list[str]:
-        """Shape files and collected features: the default merge (plan order, checked). Statistics: summed
-        shard by shard in plan order, in float64; every shard must have the same batch and stats keys."""
-        import numpy as np
-
+        """Shape files and collected features: the default merge (plan order, checked). Statistics: the shards'
+        exact sums added and rounded once; every shard must have the same batch and stats keys."""
         from snakeshard.atomic import atomic_write_bytes, atomic_write_text
         from snakeshard.merge import merge_fragments
 
@@ -262,14 +269,19 @@ class CollectStatsRunner(BaseRunner):
                     raise MergeError(f"{shard_dir}/{what} differs from {shard_dirs[0]}/{what}: all shards must "
                                      "see the same batch inputs and features")
             keys[what] = first.split()
+        parts = [json.loads((shard_dir / EXACT_SUMS).read_text()) for shard_dir in shard_dirs]
         for name in keys[STATS_KEYS]:
-            count, total, square = 0, None, None
-            for shard_dir in shard_dirs:
-                with np.load(shard_dir / f"{name}_stats.npz") as part:
-                    count += int(part["count"])
-                    total = part["sum"] if total is None else total + part["sum"]
-                    square = part["sum_square"] if square is None else square + part["sum_square"]
-            atomic_write_bytes(Path(output_dir) / f"{name}_stats.npz", stats_npz_bytes(count, total, square))
+            count, shape = 0, tuple(parts[0][name]["shape"])
+            total, square = ExactSum(math.prod(shape)), ExactSum(math.prod(shape))
+            for shard_dir, part in zip(shard_dirs, parts):
+                if tuple(part[name]["shape"]) != shape:
+                    raise MergeError(f"{shard_dir}/{EXACT_SUMS}: feature {name!r} has shape {part[name]['shape']}, "
+                                     f"{shard_dirs[0]} has {list(shape)}")
+                count += part[name]["count"]
+                total.merge(ExactSum.from_state(part[name]["sum"]))
+                square.merge(ExactSum.from_state(part[name]["sum_square"]))
+            atomic_write_bytes(Path(output_dir) / f"{name}_stats.npz",
+                               stats_npz_bytes(count, total.value().reshape(shape), square.value().reshape(shape)))
             names.append(f"{name}_stats.npz")
         for what in (BATCH_KEYS, STATS_KEYS):
             atomic_write_text(Path(output_dir) / what, _lines(keys[what]))
