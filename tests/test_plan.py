@@ -247,7 +247,7 @@ def test_ensure_plan_second_call_rewrites_nothing(tmp_path):
     first = ensure_plan(set_dir, spec, {"num_shards": 4})
     age_files(set_dir)
     before = mtimes(set_dir)
-    assert len(before) == 6  # plan.json, audio_files.json + 4 keys files
+    assert len(before) == 10  # plan.json, audio_files.json + 4 keys and 4 items.json files
     second = ensure_plan(set_dir, spec, {"num_shards": 4})
     assert second == first
     assert mtimes(set_dir) == before
@@ -329,3 +329,36 @@ def test_jsonl_record_change_changes_only_its_shards_records_digest(tmp_path):
     assert [s["keys_digest"] for s in before["shards"]] == [s["keys_digest"] for s in after["shards"]]
     changed = [n for n, (a, b) in enumerate(zip(before["shards"], after["shards"])) if a["records"] != b["records"]]
     assert changed == [1]
+
+
+def test_each_shard_gets_its_slice_of_the_dataset(tmp_path):
+    """split.N/items.json holds exactly the shard's items, with where each was declared; a dataset built
+    from it (as a shard job's load_dataset is) has those keys only, and names the slice for any other key."""
+    from snakeshard.data import SHARD_ITEMS, load_dataset
+
+    spec = kaldi_dir(tmp_path / "data", [f"u{i:02d}" for i in range(40)])
+    set_dir = tmp_path / "set"
+    ensure_plan(set_dir, spec, {"num_shards": 4})
+    full = load_dataset(spec)
+    for n in range(4):
+        keys = read_shard_keys(set_dir / f"split.{n}")
+        part = load_dataset({**spec, "shard_items": str(set_dir / f"split.{n}" / SHARD_ITEMS)})
+        assert part.keys == keys and len(part) == 10
+        for key in keys:
+            assert part[key] == full[key] and part._items[key].source == full._items[key].source
+    with pytest.raises(KeyError, match=r"'u00': not in this shard job's slice of the dataset .*split\.3/items\.json"):
+        part["u00"]
+
+
+def test_a_replan_rewrites_the_slices(tmp_path):
+    """An edited text line changes the plan's signature: the slice holds the new text."""
+    from snakeshard.data import SHARD_ITEMS, load_dataset
+
+    spec = kaldi_dir(tmp_path / "data", [f"u{i}" for i in range(6)])
+    set_dir = tmp_path / "set"
+    ensure_plan(set_dir, spec, {"num_shards": 2})
+    text = Path(spec["path"]) / "text"
+    text.write_text("".join(f"u{i} {'changed' if i == 4 else 'words'}\n" for i in range(6)))
+    ensure_plan(set_dir, spec, {"num_shards": 2})
+    part = load_dataset({**spec, "shard_items": str(set_dir / "split.1" / SHARD_ITEMS)})
+    assert part["u4"]["text"] == "changed"

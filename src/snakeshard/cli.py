@@ -44,7 +44,13 @@ def cmd_plan(args) -> int:
 
 
 def cmd_run_shard(args) -> int:
+    from snakeshard.data import SHARD_ITEMS
+
     spec = json.loads(Path(args.spec).read_text())
+    # The job's dataset is its slice (the canary's keys are the first of split.0): see plan.py
+    slice_dir = Path(args.shard_dir) if args.shard != CANARY else Path(args.spec).parent / "split.0"
+    if (slice_dir / SHARD_ITEMS).is_file():
+        spec["dataset"] = {**spec["dataset"], "shard_items": str(slice_dir / SHARD_ITEMS)}
     if args.shard != CANARY:
         return _run_shard(args, spec)
     return _run_canary(args, spec)

@@ -65,6 +65,13 @@ def read_text_lines(path: Path) -> list[str]:
     return lines
 
 
+def _stream_lines(path: Path):
+    """The lines of a UTF-8 text file (one this package wrote), one at a time, without newlines."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            yield line[:-1] if line.endswith("\n") else line
+
+
 def _read_kaldi_table(path: Path):
     """``key value`` lines -> (key, value, line_no), one at a time; blank lines are an error, not skipped."""
     for line_no, line in enumerate(read_text_lines(path), 1):
@@ -192,6 +199,19 @@ def _read_jsonl(path: Path, spec: dict) -> list[Item]:
 
 
 STAGE_FORMAT = "stage"  # a chained dataset: another stage's merged output
+SHARD_ITEMS = "items.json"  # split.N/items.json: the shard's slice of its dataset (written by the plan)
+_ITEMS_ENCODER = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":"))
+
+
+def shard_items_text(items: list[Item]) -> str:
+    """A shard's slice of its dataset: ``[[key, source, audio, seconds, fields], ...]`` (one encode call)."""
+    return _ITEMS_ENCODER.encode([[i.key, i.source, i.audio, i.seconds, i.fields] for i in items]) + "\n"
+
+
+def read_shard_items(path: str | os.PathLike) -> list[Item]:
+    """The items ``shard_items_text`` wrote (already validated by the plan)."""
+    rows = json.loads(Path(path).read_text(encoding="utf-8"))
+    return [Item(key, source, audio, seconds, fields, None) for key, source, audio, seconds, fields in rows]
 
 
 def source_spec(spec: dict) -> dict:
@@ -268,11 +288,16 @@ class KaldiDataset:
 
     Items carry ``key``, ``audio`` and, when the data dir has them, ``text``, ``spk``
     (utt2spk) and segment ``start``/``end``.
+
+    In a shard job (the spec then has ``shard_items``, set by the job) it holds only the shard's
+    items, read from the plan's ``split.N/items.json``: a job's memory and start-up do not depend on
+    the size of the dataset. Everywhere else (``runner(indices)``, notebooks) it reads the dataset.
     """
 
     def __init__(self, spec: dict):
         self.spec = spec
-        items = read_items(spec, with_records=False)
+        self.shard_items = spec.get("shard_items")
+        items = read_shard_items(self.shard_items) if self.shard_items else read_items(spec, with_records=False)
         self._items = {i.key: i for i in items}
         self.keys = [i.key for i in items]
 
@@ -282,13 +307,22 @@ class KaldiDataset:
     def __contains__(self, key: str) -> bool:
         return key in self._items
 
+    def _item(self, key: str) -> Item:
+        try:
+            return self._items[key]
+        except KeyError:
+            if self.shard_items:
+                raise KeyError(f"{key!r}: not in this shard job's slice of the dataset ({self.shard_items}); "
+                               "a shard job holds only its own keys") from None
+            raise
+
     def __getitem__(self, key: str) -> dict:
-        item = self._items[key]
+        item = self._item(key)
         return {"key": item.key, "audio": item.audio, **item.fields}
 
     def duration(self, key: str) -> float:
         """Seconds of the key's audio: from the dataset (segments, utt2dur, jsonl), else its header."""
-        item = self._items[key]
+        item = self._item(key)
         if item.seconds is None:
             fill_durations([item])
         return item.seconds
@@ -302,7 +336,7 @@ class KaldiDataset:
         """
         from snakeshard.audio import read_item_audio
 
-        item = self._items[key]
+        item = self._item(key)
         if item.audio is None:
             raise DataError(f"key {key!r} ({item.source}) has no audio")
         return read_item_audio(item, dtype=dtype, sample_rate=self.spec.get("sample_rate"),
@@ -335,13 +369,18 @@ class StageOutputDataset(KaldiDataset):
         if name not in self._index:
             index = self._index[name] = {}
             path = self.set_dir / meta["index"]
-            for line in read_text_lines(path):
+            # in a shard job, only the shard's keys are kept (the upstream's merged index covers the dataset)
+            # and the file is streamed rather than read whole
+            wanted = self._items if self.shard_items else None
+            for line in read_text_lines(path) if wanted is None else _stream_lines(path):
                 if meta["format"] == "jsonl":
                     record = json.loads(line)
-                    index[record["key"]] = record["value"]
+                    if wanted is None or record["key"] in wanted:
+                        index[record["key"]] = record["value"]
                 else:
                     k, _, value = line.partition(" ")
-                    index[k] = value
+                    if wanted is None or k in wanted:
+                        index[k] = value
         try:
             return meta["format"], self._index[name][key]
         except KeyError:

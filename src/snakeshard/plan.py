@@ -13,6 +13,11 @@ Beside the keys, a plan records per shard a digest of what its keys stand for
 (``records``: their wav.scp, segments, text, utt2spk lines or JSON records) and,
 in ``audio_files.json``, the audio files they read, whose identity is checked at
 every parse (see fingerprint.py).
+
+Each ``split.N/`` also gets ``items.json``, the shard's slice of the dataset (as Kaldi's
+split_data.sh writes one data dir per split): key, where it was declared, audio, seconds and
+fields of each of its items. A shard job's ``load_dataset`` reads that slice, so its memory and
+start-up do not grow with the dataset (a 1M-key dataset is read once, here, not in every job).
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ import json
 import os
 from pathlib import Path
 
-from snakeshard.atomic import atomic_write_json, write_if_changed
-from snakeshard.data import Item, check_audio_exists, fill_durations, is_pipe, read_items, source_spec
+from snakeshard.atomic import atomic_write_json, atomic_write_text, write_if_changed
+from snakeshard.data import (SHARD_ITEMS, Item, check_audio_exists, fill_durations, is_pipe, read_items, shard_items_text,
+                             source_spec)
 from snakeshard.errors import ConfigError
 from snakeshard.fingerprint import digest, keys_digest, keys_text
 
-PLAN_FORMAT = 2  # 2: per-shard record digests and audio_files.json
+PLAN_FORMAT = 3  # 2: per-shard record digests and audio_files.json; 3: split.N/items.json
 AUDIO_FILES = "audio_files.json"  # beside plan.json: per shard, the audio files it reads
 DATASET_FILES = ("wav.scp", "segments", "utt2dur", "text", "utt2spk")
 
@@ -127,8 +133,8 @@ def audio_files(shard: list[Item]) -> list[str]:
     return list(dict.fromkeys(i.audio for i in shard if i.audio and not is_pipe(i.audio)))
 
 
-def make_plan(dataset: dict, sharding: dict) -> tuple[dict, list[list[str]], list[list[str]]]:
-    """Read and validate the dataset, plan its shards: (plan record, keys of each shard, audio files of each)."""
+def make_plan(dataset: dict, sharding: dict) -> tuple[dict, list[list[str]], list[list[Item]]]:
+    """Read and validate the dataset, plan its shards: (plan record, keys of each shard, items of each)."""
     items = read_items(dataset)
     check_audio_exists(items)
     shards = plan_shards(items, sharding)
@@ -157,7 +163,7 @@ def make_plan(dataset: dict, sharding: dict) -> tuple[dict, list[list[str]], lis
         "num_shards": len(shards),
         "shards": records,
     }
-    return plan, shard_keys, [audio_files(shard) for shard in shards]
+    return plan, shard_keys, shards
 
 
 def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> dict:
@@ -172,16 +178,18 @@ def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> di
         plan = json.loads(plan_path.read_text())
         # os.path on strings, not Path objects: this runs at every parse, 10,000 checks at 10,000 shards
         if plan.get("signature") == input_signature(dataset, sharding) and all(
-            os.path.isfile(f"{set_dir}/split.{n}/keys") for n in range(plan["num_shards"])
+            os.path.isfile(f"{set_dir}/split.{n}/keys") and os.path.isfile(f"{set_dir}/split.{n}/{SHARD_ITEMS}")
+            for n in range(plan["num_shards"])
         ) and os.path.isfile(set_dir / AUDIO_FILES):
             return plan
     except (FileNotFoundError, json.JSONDecodeError, KeyError):
         pass
-    plan, shard_keys, shard_audio = make_plan(dataset, sharding)
+    plan, shard_keys, shards = make_plan(dataset, sharding)
     set_dir.mkdir(parents=True, exist_ok=True)
-    for n, keys in enumerate(shard_keys):
-        write_if_changed(set_dir / f"split.{n}" / "keys", keys_text(keys))
-    atomic_write_json(set_dir / AUDIO_FILES, shard_audio, fsync=False)
+    for n, (keys, items) in enumerate(zip(shard_keys, shards)):
+        write_if_changed(set_dir / f"split.{n}" / "keys", keys_text(keys))  # a rule input: its mtime matters
+        atomic_write_text(set_dir / f"split.{n}" / SHARD_ITEMS, shard_items_text(items), fsync=False)
+    atomic_write_json(set_dir / AUDIO_FILES, [audio_files(shard) for shard in shards], fsync=False)
     atomic_write_json(plan_path, plan)  # last: a plan.json on disk means its other files are written
     return plan
 
