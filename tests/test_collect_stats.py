@@ -192,7 +192,8 @@ def test_shape_files_and_key_lists_as_espnet2_writes_them(matrix):
 def test_shards_aggregate_as_espnet2_aggregate_stats_dirs_would(matrix):
     """The split dirs, aggregated the way ESPnet2's aggregate_stats_dirs.py does (keys from the first dir;
     shape lines concatenated, sorted by key within each dir; each npz array summed dir by dir), give the
-    merged files (shape files compared as key -> shape mappings, as ESPnet2's samplers read them)."""
+    merged files (shape files compared as key -> shape mappings, as ESPnet2's samplers read them; sums to
+    1e-12, count exactly)."""
     out = set_dir(matrix, "s7_b1")
     splits = [out / f"split.{n}" for n in range(7)]
     batch_keys = (splits[0] / "batch_keys").read_text().split()
@@ -206,8 +207,13 @@ def test_shards_aggregate_as_espnet2_aggregate_stats_dirs_would(matrix):
         for split in splits:
             with np.load(split / f"{key}_stats.npz") as part:
                 total = dict(part) if total is None else {k: total[k] + part[k] for k in part.files}
+        # ESPnet2 adds the shards' rounded float64 sums; the merge adds their exact sums and rounds once:
+        # the same numbers up to the last bits
         with np.load(out / f"{key}_stats.npz") as merged:
-            assert {k: merged[k].tolist() for k in merged.files} == {k: v.tolist() for k, v in total.items()}
+            assert sorted(merged.files) == sorted(total) == ["count", "sum", "sum_square"]
+            assert merged["count"] == total["count"] and merged["count"].dtype == np.int64
+            for name in ("sum", "sum_square"):
+                assert merged[name].dtype == np.float64 and rel_err(merged[name], total[name]) <= 1e-12
 
 
 def test_model_collect_feats_path_gives_the_built_in_stats(matrix):

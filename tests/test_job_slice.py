@@ -57,6 +57,11 @@ def run_two_shards(wd: Path) -> list[dict]:
     last = json.loads((wd / "results/probe/big/plan.json").read_text())["num_shards"] - 1
     run = run_snakemake(wd, "results/probe/big/split.0/done", f"results/probe/big/split.{last}/done")
     assert run.returncode == 0, run.stderr[-3000:]
+    # the jobs keep their slices, so the next parse reuses the plan instead of reading the dataset again
+    assert (wd / "results/probe/big/split.0/items.json").is_file()
+    plan_mtime = (wd / "results/probe/big/plan.json").stat().st_mtime_ns
+    assert run_snakemake(wd, "-n").returncode == 0
+    assert (wd / "results/probe/big/plan.json").stat().st_mtime_ns == plan_mtime
     return [json.loads((wd / f"results/probe/big/split.{n}/probe.jsonl").read_text().splitlines()[0])["value"]
             for n in (0, last)]
 

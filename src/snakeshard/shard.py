@@ -23,17 +23,18 @@ from pathlib import Path
 from snakeshard import __version__
 from snakeshard.atomic import atomic_write_json
 from snakeshard.contract import FieldWriters, injected_kwargs, overrides
+from snakeshard.data import SHARD_ITEMS
 from snakeshard.errors import ShardError, SnakeshardError
 from snakeshard.fingerprint import digest_bytes
 from snakeshard.fingerprint import keys_digest as digest_keys
 from snakeshard.plan import read_keys_file
 
 ATTEMPT_FILE = ".attempt"
-KEEP_ON_CLEAR = {"keys"}
+KEEP_ON_CLEAR = {"keys", SHARD_ITEMS}  # written by the plan: the next parse reuses the plan only if they are there
 
 
 def clear_shard_dir(shard_dir: Path) -> str:
-    """Remove every entry but ``keys``, then claim the dir for this attempt; returns the attempt token."""
+    """Remove every entry but ``keys`` and ``items.json``, then claim the dir for this attempt; returns the attempt token."""
     shard_dir.mkdir(parents=True, exist_ok=True)
     for entry in os.scandir(shard_dir):
         if entry.name in KEEP_ON_CLEAR:
