@@ -14,6 +14,8 @@ exponents) are then shifted into the Python integers, 512 rows at a time.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 SIGNIFICAND_BITS = 53
@@ -24,16 +26,17 @@ ROWS_PER_FOLD = 512  # 512 * 2**53 < 2**63
 
 
 class ExactSum:
-    """The exact sum of float64 vectors of one shape: ``add(rows)``, ``value()``, ``state()``/``from_state``."""
+    """The exact sum of float64 arrays of one shape: ``add(rows)``, ``value()``, ``state()``/``from_state``."""
 
-    def __init__(self, width: int):
-        self.width = width
-        self._totals = [0] * width  # exact, in units of 2**-SCALE_BITS
+    def __init__(self, shape: int | tuple[int, ...]):
+        self.shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        self.width = math.prod(self.shape)
+        self._totals = [0] * self.width  # exact, in units of 2**-SCALE_BITS
         self._rows: list[np.ndarray] = []  # added, not yet split into cells (one numpy pass per 512 rows)
         self._buffered = 0
 
     def add(self, rows) -> None:
-        """Add one vector (shape (width,)) or each row of a (n, width) array. Values must be finite."""
+        """Add one array of ``shape``, or each of a stack of them. Values must be finite."""
         rows = np.array(rows, dtype=np.float64).reshape(-1, self.width)  # a copy: the caller may reuse its array
         self._rows.append(rows)
         self._buffered += len(rows)
@@ -59,15 +62,15 @@ class ExactSum:
 
     def merge(self, other: "ExactSum") -> None:
         other._fold()
-        if other.width != self.width:
-            raise ValueError(f"cannot add sums of width {other.width} to width {self.width}")
+        if other.shape != self.shape:
+            raise ValueError(f"cannot add sums of shape {other.shape} to shape {self.shape}")
         self._totals = [a + b for a, b in zip(self._totals, other._totals)]
 
     def value(self) -> np.ndarray:
-        """The sum, rounded once to float64 (an int / power-of-two division rounds correctly)."""
+        """The sum (of ``shape``), rounded once to float64 (an int / power-of-two division rounds correctly)."""
         self._fold()
         unit = 1 << SCALE_BITS
-        return np.array([total / unit for total in self._totals], dtype=np.float64)
+        return np.array([total / unit for total in self._totals], dtype=np.float64).reshape(self.shape)
 
     def state(self) -> list[str]:
         """JSON-safe: each element's exact integer, in hex."""
@@ -75,7 +78,9 @@ class ExactSum:
         return [hex(total) for total in self._totals]
 
     @classmethod
-    def from_state(cls, state: list[str]) -> "ExactSum":
-        total = cls(len(state))
+    def from_state(cls, state: list[str], shape: int | tuple[int, ...]) -> "ExactSum":
+        total = cls(shape)
+        if total.width != len(state):
+            raise ValueError(f"a state of {len(state)} elements is not a sum of shape {total.shape}")
         total._totals = [int(text, 16) for text in state]
         return total

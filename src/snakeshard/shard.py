@@ -34,7 +34,8 @@ KEEP_ON_CLEAR = {"keys", SHARD_ITEMS}  # written by the plan: the next parse reu
 
 
 def clear_shard_dir(shard_dir: Path) -> str:
-    """Remove every entry but ``keys`` and ``items.json``, then claim the dir for this attempt; returns the attempt token."""
+    """Remove every entry but ``keys`` and ``items.json`` (the plan's), then claim the dir for this attempt;
+    returns the attempt token."""
     shard_dir.mkdir(parents=True, exist_ok=True)
     for entry in os.scandir(shard_dir):
         if entry.name in KEEP_ON_CLEAR:
@@ -215,31 +216,30 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
                 pool(units)
             except PoolError as e:
                 raise ShardError(f"{where}: {e}") from None
-        else:
-            while next_key < len(keys):
-                t0 = time.perf_counter()
-                if batches is not None:  # one call per planned batch
-                    chunk = current = [keys[j] for j in batches[next_batch]]
-                    next_batch += 1
-                    out = call(chunk)
-                else:  # one call per key, over a slice of keys
-                    chunk = keys[next_key:next_key + size]
-                    out = []
-                    current = chunk[0]
-                    # list.extend keeps what map produced before an exception, so the failing key is chunk[len(out)]
-                    try:
-                        out.extend(map(call, chunk))
-                    except Exception:
-                        current = chunk[len(out)]
-                        raise
-                next_key += len(chunk)
-                consume(chunk, out)
-                if write_many is not None and batches is None:  # custom hooks keep forward/write interleaved
-                    elapsed = time.perf_counter() - t0
-                    if elapsed < FAST_SLICE_S:
-                        size = min(size * 2, MAX_SLICE)
-                    elif elapsed > SLOW_SLICE_S:
-                        size = max(size // 2, 1)
+        while pool is None and next_key < len(keys):  # without a pool: forward runs here
+            t0 = time.perf_counter()
+            if batches is not None:  # one call per planned batch
+                chunk = current = [keys[j] for j in batches[next_batch]]
+                next_batch += 1
+                out = call(chunk)
+            else:  # one call per key, over a slice of keys
+                chunk = keys[next_key:next_key + size]
+                out = []
+                current = chunk[0]
+                # list.extend keeps what map produced before an exception, so the failing key is chunk[len(out)]
+                try:
+                    out.extend(map(call, chunk))
+                except Exception:
+                    current = chunk[len(out)]
+                    raise
+            next_key += len(chunk)
+            consume(chunk, out)
+            if write_many is not None and batches is None:  # custom hooks keep forward/write interleaved
+                elapsed = time.perf_counter() - t0
+                if elapsed < FAST_SLICE_S:
+                    size = min(size * 2, MAX_SLICE)
+                elif elapsed > SLOW_SLICE_S:
+                    size = max(size // 2, 1)
     except ShardError:
         raise
     except SnakeshardError as e:  # snakeshard's own message already names the item

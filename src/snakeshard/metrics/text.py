@@ -59,7 +59,6 @@ class TextNormalization:
         return text
 
 
-
 class _PunctuationTable(dict):
     """A ``str.translate`` table that deletes Unicode punctuation, filled in as characters are first seen."""
 

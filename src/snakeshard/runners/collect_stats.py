@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import zipfile
 from pathlib import Path
 
@@ -218,14 +217,14 @@ class CollectStatsRunner(BaseRunner):
                 raise DataError(f"item {key!r}: feature {name!r} {_first_nonfinite(seq)}: refusing to add it to the "
                                 "statistics (its mean and variance would be NaN)")
             if name not in stats:
-                stats[name] = [0, ExactSum(total.size), ExactSum(total.size), total.shape]
-            elif stats[name][3] != total.shape:
+                stats[name] = [0, ExactSum(total.shape), ExactSum(total.shape)]
+            elif stats[name][1].shape != total.shape:
                 raise DataError(f"item {key!r}: feature {name!r} has frames of shape {seq.shape[1:]}, earlier keys "
-                                f"{stats[name][3]}")
+                                f"{stats[name][1].shape}")
             acc = stats[name]
             acc[0] += len(seq)
-            acc[1].add(total.ravel())
-            acc[2].add(square.ravel())
+            acc[1].add(total)
+            acc[2].add(square)
         return state
 
     @staticmethod
@@ -243,11 +242,10 @@ class CollectStatsRunner(BaseRunner):
         from snakeshard.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 
         names, exact = [], {}
-        for name, (count, total, square, shape) in state["stats"].items():
-            atomic_write_bytes(Path(shard_dir) / f"{name}_stats.npz",
-                               stats_npz_bytes(count, total.value().reshape(shape), square.value().reshape(shape)))
+        for name, (count, total, square) in state["stats"].items():
+            atomic_write_bytes(Path(shard_dir) / f"{name}_stats.npz", stats_npz_bytes(count, total.value(), square.value()))
             names.append(f"{name}_stats.npz")
-            exact[name] = {"count": count, "shape": list(shape), "sum": total.state(), "sum_square": square.state()}
+            exact[name] = {"count": count, "shape": list(total.shape), "sum": total.state(), "sum_square": square.state()}
         atomic_write_json(Path(shard_dir) / EXACT_SUMS, exact, fsync=False)
         atomic_write_text(Path(shard_dir) / BATCH_KEYS, _lines(state["batch_keys"] or []))
         atomic_write_text(Path(shard_dir) / STATS_KEYS, _lines(state["stats"]))
@@ -272,16 +270,15 @@ class CollectStatsRunner(BaseRunner):
         parts = [json.loads((shard_dir / EXACT_SUMS).read_text()) for shard_dir in shard_dirs]
         for name in keys[STATS_KEYS]:
             count, shape = 0, tuple(parts[0][name]["shape"])
-            total, square = ExactSum(math.prod(shape)), ExactSum(math.prod(shape))
+            total, square = ExactSum(shape), ExactSum(shape)
             for shard_dir, part in zip(shard_dirs, parts):
                 if tuple(part[name]["shape"]) != shape:
                     raise MergeError(f"{shard_dir}/{EXACT_SUMS}: feature {name!r} has shape {part[name]['shape']}, "
                                      f"{shard_dirs[0]} has {list(shape)}")
                 count += part[name]["count"]
-                total.merge(ExactSum.from_state(part[name]["sum"]))
-                square.merge(ExactSum.from_state(part[name]["sum_square"]))
-            atomic_write_bytes(Path(output_dir) / f"{name}_stats.npz",
-                               stats_npz_bytes(count, total.value().reshape(shape), square.value().reshape(shape)))
+                total.merge(ExactSum.from_state(part[name]["sum"], shape))
+                square.merge(ExactSum.from_state(part[name]["sum_square"], shape))
+            atomic_write_bytes(Path(output_dir) / f"{name}_stats.npz", stats_npz_bytes(count, total.value(), square.value()))
             names.append(f"{name}_stats.npz")
         for what in (BATCH_KEYS, STATS_KEYS):
             atomic_write_text(Path(output_dir) / what, _lines(keys[what]))

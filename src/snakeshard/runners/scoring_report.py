@@ -6,8 +6,7 @@ import math
 from pathlib import Path
 
 from snakeshard.metrics.text import summary_line
-
-UNITS = ("wer", "cer")  # the error rates, drawn and tabulated per group
+from snakeshard.runners.scoring import TEXT_METRICS, _label, merged_pairs  # scoring imports this module lazily
 
 
 def _number(x) -> str:
@@ -19,7 +18,7 @@ def metrics_text(record: dict) -> str:
     lines = []
     for name in scoring["metrics"]:
         value = metrics[name]["value"]
-        if name in UNITS:
+        if name in TEXT_METRICS:
             lines.append(summary_line(name, value))
         elif name == "classification":
             lines.append(f"accuracy {_number(value['accuracy'])}, balanced accuracy {_number(value['balanced_accuracy'])}, "
@@ -36,11 +35,11 @@ def metrics_text(record: dict) -> str:
     if normalize is not None:
         lines.append("normalization (jiwer, both sides): " + (", ".join(normalize) if normalize else
                                                                 "none (scored as written, split on whitespace)"))
-    empty = max((metrics[m]["value"]["empty_references"] for m in UNITS if m in metrics), default=0)
+    empty = max((metrics[m]["value"]["empty_references"] for m in TEXT_METRICS if m in metrics), default=0)
     if empty:
         lines.append(f"{empty} utterance(s) with an empty reference: scored as jiwer does (each hypothesis word is "
                      "an insertion; counted in the totals above)")
-    for name in (m for m in scoring["metrics"] if m in UNITS):
+    for name in (m for m in scoring["metrics"] if m in TEXT_METRICS):
         if record["groups"]:
             lines += ["", *_group_table(name, scoring["group_by"], record["groups"], metrics[name]["value"])]
     if "classification" in metrics:
@@ -84,13 +83,13 @@ def plot_metrics(record: dict, set_dir: Path, path: Path) -> None:
     from snakeshard.atomic import atomic_write_bytes
 
     scoring, metrics = record["scoring"], record["metrics"]
-    panels = [m for m in scoring["metrics"] if m in UNITS][:1]
+    panels = [m for m in scoring["metrics"] if m in TEXT_METRICS][:1]
     panels += [p for p in ("classification",) if p in metrics]
     panels += ["roc"] if any(m in metrics for m in ("auroc", "auprc", "eer", "min_dcf")) else []
     panels += [p for p in ("regression",) if p in metrics]
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for ax, panel in zip(axes[0], panels):
-        if panel in UNITS:
+        if panel in TEXT_METRICS:
             _error_rate_panel(ax, panel, record)
         elif panel == "classification":
             _confusion_panel(ax, metrics["classification"]["value"], record)
@@ -137,8 +136,6 @@ def _confusion_panel(ax, value: dict, record: dict) -> None:
 def _roc_panel(ax, set_dir: Path, metrics: dict) -> None:
     import numpy as np
 
-    from snakeshard.runners.scoring import _label, merged_pairs
-
     pairs = merged_pairs(set_dir)
     scores = np.array([float(p) for _, p, _ in pairs])
     labels = np.array([_label(k, t) for k, _, t in pairs])
@@ -154,8 +151,6 @@ def _roc_panel(ax, set_dir: Path, metrics: dict) -> None:
 
 
 def _scatter_panel(ax, set_dir: Path, value: dict) -> None:
-    from snakeshard.runners.scoring import merged_pairs
-
     pairs = merged_pairs(set_dir)
     ax.scatter([float(t) for _, _, t in pairs], [float(p) for _, p, _ in pairs], s=8)
     ax.set_xlabel("target")
