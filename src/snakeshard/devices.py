@@ -8,7 +8,6 @@ and must never be used as device indices.
 from __future__ import annotations
 
 import os
-import socket
 
 from snakeshard.errors import ConfigError
 
@@ -29,7 +28,7 @@ def job_devices(gpus: int, stage: str) -> list[str]:
     seen, how = visible_gpu_count()
     if seen < gpus:
         raise ConfigError(
-            f"stages.{stage}.resources asks for {gpus} GPU(s), but this job on {socket.gethostname()} sees {seen} "
+            f"stages.{stage}.resources asks for {gpus} GPU(s), but this job on {os.uname().nodename} sees {seen} "
             f"({how}; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}, "
             f"SLURM_JOB_ID={os.environ.get('SLURM_JOB_ID')!r}): submit it to a GPU partition or set gpu: 0"
         )

@@ -14,10 +14,8 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import socket
 import sys
 import time
-import uuid
 from pathlib import Path
 
 from snakeshard import __version__
@@ -28,6 +26,7 @@ from snakeshard.errors import ShardError, SnakeshardError
 from snakeshard.fingerprint import digest_bytes
 from snakeshard.fingerprint import keys_digest as digest_keys
 from snakeshard.plan import read_keys_file
+from snakeshard.progress import ProgressLog
 
 ATTEMPT_FILE = ".attempt"
 KEEP_ON_CLEAR = {"keys", SHARD_ITEMS}  # written by the plan: the next parse reuses the plan only if they are there
@@ -44,7 +43,7 @@ def clear_shard_dir(shard_dir: Path) -> str:
             shutil.rmtree(entry.path)
         else:
             os.unlink(entry.path)
-    token = uuid.uuid4().hex
+    token = os.urandom(16).hex()  # not uuid: its import (platform, socket) costs every job ~3 ms
     (shard_dir / ATTEMPT_FILE).write_text(token)
     return token
 
@@ -55,16 +54,6 @@ def clear_shard_dir(shard_dir: Path) -> str:
 # Runners with their own write_record/reduce_state keep slices of one item (or one batch).
 MAX_SLICE = 4096
 FAST_SLICE_S, SLOW_SLICE_S = 0.05, 0.5
-
-
-def _progress_bar(total: int, enabled: bool, desc: str):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    # Logs are files, not terminals: a redraw every 10 s keeps them readable.
-    interval = 0.1 if sys.stderr.isatty() else 10.0
-    return tqdm(total=total, desc=desc, mininterval=interval, file=sys.stderr, unit="item")
 
 
 def _lengths(runner_cls, env, keys, where, purpose="") -> list[float]:
@@ -180,7 +169,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
         else:
             writers.write(result)
 
-    bar = _progress_bar(len(keys), progress, f"shard {shard_id}")
+    bar = ProgressLog(len(keys), f"shard {shard_id}") if progress else None
     seconds = 0.0 if report_seconds else None
     size = 1
     current = None
@@ -202,9 +191,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
         if seconds is not None:
             seconds += sum(_lengths(runner_cls, env, chunk, where))
         if bar is not None:
-            if seconds is not None:
-                bar.set_postfix_str(f"{seconds:.1f} s of audio", refresh=False)
-            bar.update(len(chunk))
+            bar.update(len(chunk), seconds)
 
     try:
         if pool is not None:  # forward in the pool's workers; results consumed here, as they come
@@ -280,7 +267,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
         "seconds": None if seconds is None else round(seconds, 3),
         "start": round(started, 3),
         "end": round(time.time(), 3),
-        "host": socket.gethostname(),
+        "host": os.uname().nodename,  # what socket.gethostname() returns, without importing socket
         "snakeshard": __version__,
     }
     if (shard_dir / ATTEMPT_FILE).read_text() != token:
