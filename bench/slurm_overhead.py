@@ -5,8 +5,11 @@ The same trivial workflow (a toy runner, N shards of 10 keys each) runs once wit
 on the live single-node cluster (../shared/tools/local-slurm, 2 CPUs). Reports wall time per
 shard for both, and per SLURM job: the job's elapsed time (sacct) against the shard's own work
 (start..end in its `done`). Needs the cluster up.
+With ``--shards-per-job K`` (K > 1) a third run goes through SLURM with ``shards_per_job: K``: N / K
+SLURM jobs of K shards each; its SLURM cluster time (sum of sacct elapsed) per shard is the figure
+to compare with one job per shard.
 
-    python bench/slurm_overhead.py [--shards 8]
+    python bench/slurm_overhead.py [--shards 8] [--shards-per-job 16]
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ class Runner(BaseRunner):
 FAST_STATUS = ["--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1"]
 
 
-def make_workdir(path: Path, shards: int) -> Path:
+def make_workdir(path: Path, shards: int, shards_per_job: int = 1) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     for part in ("Snakefile", "workflow", "config"):
@@ -56,6 +59,8 @@ def make_workdir(path: Path, shards: int) -> Path:
               "stages": {"upper": {"runner": "toy_bench.Runner", "provider": "toy_bench.Provider",
                                    "datasets": ["toy"], "sharding": {"shard_size": 10},
                                    "resources": {"mem_mb": 500, "runtime": 5}}}}
+    if shards_per_job > 1:
+        config["stages"]["upper"]["shards_per_job"] = shards_per_job
     (path / "config/config.yaml").write_text(yaml.safe_dump(config))
     return path
 
@@ -72,36 +77,43 @@ def timed(cmd: list[str], cwd: Path) -> tuple[float, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--shards-per-job", type=int, default=1)
     args = ap.parse_args()
     snakemake = ["timeout", "-k", "10", "900", sys.executable, "-m", "snakemake"]
 
     local_dir = make_workdir(WORK / "local", args.shards)
     local_wall, _ = timed([*snakemake, "--profile", "config/profiles/local", "--cores", "2"], local_dir)
 
-    slurm_dir = make_workdir(WORK / "slurm", args.shards)
-    slurm_wall, out = timed([*snakemake, "--profile", "config/profiles/slurm", *FAST_STATUS], slurm_dir)
-    job_ids = re.findall(r"submitted with SLURM jobid (\d+)", out)
-    assert len(job_ids) == args.shards, out[-2000:]
-    acct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "--format=JobID,ElapsedRaw,State"],
-                          capture_output=True, text=True, check=True).stdout.split()
-    elapsed = [int(line.split("|")[1]) for line in acct]
-    work = []
-    for done in sorted((slurm_dir / "results/upper/toy").glob("split.*/done")):
-        record = json.loads(done.read_text())
-        work.append(record["end"] - record["start"])
+    rows = [("local executor, whole run wall s", f"{local_wall:.1f}"),
+            ("local wall s per shard", f"{local_wall / args.shards:.2f}")]
+    groupings = [1] + ([args.shards_per_job] if args.shards_per_job > 1 else [])
+    for k in groupings:
+        slurm_dir = make_workdir(WORK / f"slurm{k}", args.shards, k)
+        slurm_wall, out = timed([*snakemake, "--profile", "config/profiles/slurm", *FAST_STATUS], slurm_dir)
+        job_ids = re.findall(r"submitted with SLURM jobid (\d+)", out)
+        jobs = -(-args.shards // k) + 1  # the shard jobs and the canary
+        assert len(job_ids) == jobs, out[-2000:]
+        acct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "--format=JobID,ElapsedRaw,State"],
+                              capture_output=True, text=True, check=True).stdout.split()
+        elapsed = [int(line.split("|")[1]) for line in acct]
+        work = []
+        for done in sorted((slurm_dir / "results/upper/toy").glob("split.*/done")):
+            record = json.loads(done.read_text())
+            work.append(record["end"] - record["start"])
+        what = "one SLURM job per shard" if k == 1 else f"shards_per_job {k}"
+        rows += [(f"SLURM, {what}: SLURM jobs (canary included)", f"{len(job_ids)}"),
+                 (f"SLURM, {what}: whole run wall s", f"{slurm_wall:.1f}"),
+                 (f"SLURM, {what}: wall s per shard", f"{slurm_wall / args.shards:.2f}"),
+                 (f"SLURM, {what}: job elapsed s (sacct), median", f"{statistics.median(elapsed):.1f}"),
+                 (f"SLURM, {what}: cluster time s per shard (sum of job elapsed / shards)",
+                  f"{sum(elapsed) / args.shards:.2f}"),
+                 (f"SLURM, {what}: shard's own work s (done: end - start), median", f"{statistics.median(work):.3f}")]
 
     print(f"{args.shards} shards of 10 trivial items; cluster: 1 node, 2 CPUs; local: --cores 2\n")
     print("| measure | value |")
     print("|---|---:|")
-    print(f"| local executor, whole run wall s | {local_wall:.1f} |")
-    print(f"| SLURM executor, whole run wall s | {slurm_wall:.1f} |")
-    print(f"| SLURM wall s per shard (2 jobs at a time) | {slurm_wall / args.shards:.2f} |")
-    print(f"| local wall s per shard | {local_wall / args.shards:.2f} |")
-    print(f"| SLURM job elapsed s per shard job (sacct, median) | {statistics.median(elapsed):.1f} |")
-    print(f"| shard's own work s (done: end - start, median) | {statistics.median(work):.3f} |")
-    overhead = statistics.median(elapsed) - statistics.median(work)
-    print(f"| overhead s per SLURM shard job (median elapsed - median work) | {overhead:.1f} |")
-
+    for name, value in rows:
+        print(f"| {name} | {value} |")
 
 if __name__ == "__main__":
     main()

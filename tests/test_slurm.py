@@ -113,6 +113,33 @@ def test_failing_shard_reports_job_id_and_logs_and_rerun_submits_one_job(toy_wor
     assert (toy_workdir / TOY / "text").read_text().splitlines()[13] == "utt013 UTT013"
 
 
+def test_shards_sharing_a_slurm_job_fail_and_rerun_one_by_one(toy_workdir):
+    """shards_per_job 2 over the toy stage's 4 shards: 2 SLURM shard jobs and the canary. utt013 (shard 1,
+    in the job of shards 0-1) raises: the run fails, the job's log names the key and shard; shard 0 of the
+    same job is done. The rerun submits that one job, which runs shard 1 only (shard 0's done is untouched)."""
+    set_stage(toy_workdir, "upper", shards_per_job=2, provider_config={"fail_on_keys": ["utt013"]},
+              fingerprint_ignore=["fail_on_keys"])
+    first = run_slurm(toy_workdir)
+    out = first.stdout + first.stderr
+    assert first.returncode != 0
+    jobs = submitted(out)
+    assert len(jobs) == 3, out[-3000:]  # the canary and 2 jobs of 2 shards
+    assert str(TOY / "logs/shards.0-1.log") in out
+    log = (toy_workdir / TOY / "logs/shards.0-1.log").read_text()
+    assert "shard 1 (log: results/upper/toy/logs/shards.0-1.log): item 'utt013' failed" in log
+    assert "shards 0-1: 1 of 2 failed (the others are done and are not rerun): shard 1" in log
+    assert sorted(p.parent.name for p in (toy_workdir / TOY).glob("split.*/done")) == ["split.0", "split.2", "split.3"]
+    shard0 = (toy_workdir / TOY / "split.0/done").read_bytes()
+
+    set_stage(toy_workdir, "upper", provider_config={})
+    second = run_slurm(toy_workdir)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert len(submitted(second.stdout + second.stderr)) == 1
+    assert "shards 0-1: 1 already done with these inputs, 1 to run" in (toy_workdir / TOY / "logs/shards.0-1.log").read_text()
+    assert (toy_workdir / TOY / "split.0/done").read_bytes() == shard0
+    assert (toy_workdir / TOY / "text").read_text().splitlines()[13] == "utt013 UTT013"
+
+
 def test_scancel_of_a_running_shard_is_reported_and_rerun_recovers(toy_workdir):
     """scancel of shard 0's running job: the run fails naming that job as CANCELLED; a rerun resubmits it and merges."""
     set_stage(toy_workdir, "upper", provider_config={"item_delay": 1.0}, fingerprint_ignore=["item_delay"])

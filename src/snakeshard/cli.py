@@ -8,6 +8,7 @@ message naming key, shard and file, and exit 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -82,13 +83,24 @@ def _run_canary(args, spec: dict) -> int:
 
 
 def _run_shard(args, spec: dict) -> int:
-    from snakeshard.devices import job_devices
     from snakeshard.fingerprint import digest, parse_shard_inputs
-    from snakeshard.shard import run_shard_dir
+
+    with _job_env(spec, f"shard {args.shard}" + (f" (log: {args.log})" if args.log else "")) as job:
+        if args.shard_inputs is not None:  # a shard job: its fingerprint is the digest of what it was given
+            fingerprint, inputs = digest(args.shard_inputs), parse_shard_inputs(args.shard_inputs)
+        else:  # the canary: the stage fingerprint
+            fingerprint, inputs = args.fingerprint, None
+        _run_one(spec, job, args.shard, args.shard_dir, fingerprint, inputs, args.log)
+    return 0
+
+
+@contextlib.contextmanager
+def _job_env(spec: dict, label: str):
+    """What a job builds once, whatever number of shards it runs: (runner class, env, pool or None)."""
+    from snakeshard.devices import job_devices
     from snakeshard.workflow import import_object
 
     where = f"stages.{spec['stage']}"
-    shard = f"shard {args.shard}" + (f" (log: {args.log})" if args.log else "")
     runner_cls = import_object(spec["runner"], f"{where}.runner")
     provider_cls = import_object(spec["provider"], f"{where}.provider")
     devices = job_devices(spec.get("gpus", 0), spec["stage"])  # fail at job start, before loading anything
@@ -96,26 +108,81 @@ def _run_shard(args, spec: dict) -> int:
     pool = _start_pool(spec, devices) if spec.get("pool") else None
     try:
         # the provider is kept for the whole job: it may hold what the env refers to (a model, a buffer)
-        provider, env = _build_env(spec, provider_cls, devices, shard, parent=pool is not None)
-        if args.shard_inputs is not None:  # a shard job: its fingerprint is the digest of what it was given
-            fingerprint, inputs = digest(args.shard_inputs), parse_shard_inputs(args.shard_inputs)
-        else:  # the canary: the stage fingerprint
-            fingerprint, inputs = args.fingerprint, None
-        done = run_shard_dir(runner_cls, env, args.shard_dir, shard_id=args.shard, fingerprint=fingerprint,
-                             log_path=args.log, progress=True, inputs=inputs,
-                             batch_size=spec.get("batch_size"), batch_seconds=spec.get("batch_seconds"),
-                             sort_by_length=spec.get("sort_by_length", False), outputs=spec.get("outputs"),
-                             allow_nonfinite=spec.get("allow_nonfinite") or (),
-                             report_seconds=spec.get("report_seconds", False), pool=pool)
+        provider, env = _build_env(spec, provider_cls, devices, label, parent=pool is not None)
+        yield runner_cls, env, pool
     finally:
         if pool is not None:
             pool.close()
+
+
+def _run_one(spec: dict, job, shard, shard_dir, fingerprint, inputs, log) -> dict:
+    """One shard over the job's env; its summary line in the log."""
+    from snakeshard.shard import run_shard_dir
+
+    runner_cls, env, pool = job
+    done = run_shard_dir(runner_cls, env, shard_dir, shard_id=shard, fingerprint=fingerprint,
+                         log_path=log, progress=True, inputs=inputs,
+                         batch_size=spec.get("batch_size"), batch_seconds=spec.get("batch_seconds"),
+                         sort_by_length=spec.get("sort_by_length", False), outputs=spec.get("outputs"),
+                         allow_nonfinite=spec.get("allow_nonfinite") or (),
+                         report_seconds=spec.get("report_seconds", False), pool=pool)
     took = done["end"] - done["start"]
     audio = ""
     if done.get("seconds") is not None:
         audio = f" ({done['seconds']:.1f} s of audio, {done['seconds'] / max(took, 1e-3):.0f}x real time)"
-    print(f"shard {args.shard}: {done['items']} items{audio} in {took:.2f} s", file=sys.stderr)
+    print(f"shard {shard}: {done['items']} items{audio} in {took:.2f} s", file=sys.stderr)
+    return done
+
+
+def cmd_run_shards(args) -> int:
+    """Several shards in one job (``shards_per_job``): the env built once, every shard tried, each
+    writing its own ``done``; the job's own done (the rule's output) only when all of them have one.
+
+    A shard whose ``done`` already carries the fingerprint of its current inputs is not run again:
+    that is how a rerun after one failed shard redoes that shard only, though Snakemake reruns the job.
+    """
+    from snakeshard.atomic import atomic_write_json
+    from snakeshard.data import SHARD_ITEMS
+    from snakeshard.errors import ShardError
+    from snakeshard.fingerprint import digest, parse_shard_inputs
+
+    spec = json.loads(Path(args.spec).read_text())
+    first, last = args.shards
+    texts = args.shard_inputs.split(",")
+    if len(texts) != last - first + 1:
+        raise ShardError(f"shards {first}-{last}: --shard-inputs gives {len(texts)} shards' inputs, "
+                         f"expected {last - first + 1}")
+    set_dir = Path(args.set_dir)
+    wanted = {first + i: digest(text) for i, text in enumerate(texts)}
+    todo = [n for n in wanted if _done_fingerprint(set_dir / f"split.{n}") != wanted[n]]
+    print(f"shards {first}-{last}: {len(wanted) - len(todo)} already done with these inputs, "
+          f"{len(todo)} to run", file=sys.stderr)
+    failed = []
+    if todo:
+        slices = [str(set_dir / f"split.{n}" / SHARD_ITEMS) for n in todo]
+        spec["dataset"] = {**spec["dataset"], "shard_items": slices}
+        label = f"shards {first}-{last}" + (f" (log: {args.log})" if args.log else "")
+        with _job_env(spec, label) as job:
+            for n in todo:
+                try:
+                    _run_one(spec, job, n, set_dir / f"split.{n}", wanted[n],
+                             parse_shard_inputs(texts[n - first]), args.log)
+                except SnakeshardError as e:  # the next shards still run: a rerun then redoes this one only
+                    _report(ERROR_PREFIX + str(e), e.__cause__, None)
+                    failed.append(f"{e}")
+    if failed:
+        raise ShardError(f"shards {first}-{last}: {len(failed)} of {len(todo)} failed (the others are done and "
+                         f"are not rerun): " + "; ".join(failed))
+    atomic_write_json(args.done, {"shards": [first, last], "fingerprints": [wanted[n] for n in wanted]}, fsync=True)
     return 0
+
+
+def _done_fingerprint(shard_dir: Path) -> str | None:
+    """The fingerprint a shard's ``done`` records; None without a readable one."""
+    try:
+        return json.loads((shard_dir / "done").read_text()).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _build_env(spec: dict, provider_cls, devices: list[str], shard: str, parent: bool) -> tuple:
@@ -192,9 +259,10 @@ STALE_CAUSES = {"keys": "its keys", "records": "its keys' records (wav.scp, segm
                 "upstream": "the upstream stage's merged output"}
 
 
-def shard_state(shard_dir: Path, log: Path, expected: dict) -> tuple[str, str]:
+def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int | None = None) -> tuple[str, str]:
     """(state, detail): done, stale (with what changed), unreadable, failed (with log tail),
-    incomplete (started, no result), pending. ``expected``: the shard's entry in the current fingerprints."""
+    incomplete (started, no result), pending. ``expected``: the shard's entry in the current fingerprints.
+    ``log`` may be a job's of several shards (``shards_per_job``): the error line naming ``shard`` counts."""
     from snakeshard.merge import UnreadableDone, read_done
 
     try:
@@ -207,7 +275,11 @@ def shard_state(shard_dir: Path, log: Path, expected: dict) -> tuple[str, str]:
         had = done.get("inputs") or {}
         changed = [what for part, what in STALE_CAUSES.items() if part in had and had[part] != expected[part]]
         return "stale", "changed since it ran: " + (", ".join(changed) if changed else "its inputs, config or code")
-    tail = log.read_text(errors="replace").splitlines()[-5:] if log.is_file() else []
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    own = [line for line in lines if line.startswith((f"{ERROR_PREFIX}shard {shard} ", f"{ERROR_PREFIX}shard {shard}:"))]
+    if shard is not None and own:
+        return "failed", "\n".join("      | " + line for line in own)
+    tail = lines[-5:]
     if any(line.startswith(ERROR_PREFIX) for line in tail) or any("Error" in line for line in tail[-1:]):
         return "failed", "\n".join("      | " + line for line in tail)
     if (shard_dir / ".attempt").exists():
@@ -228,11 +300,13 @@ def cmd_status(args) -> int:
         print(f"stage {stage}, dataset {ds}: {plan['num_shards']} shards")
         for shard, expected in zip(plan["shards"], wf.shard_inputs[stage, ds]):
             n = shard["shard"]
-            shard_dir, log = base / f"split.{n}", base / "logs" / f"split.{n}.log"
-            state, detail = shard_state(shard_dir, log, {**expected, "stage": wf.stage_fps[stage, ds]})
+            shard_dir = base / f"split.{n}"
+            log, output = wf.shard_job_files(stage, ds, n)
+            state, detail = shard_state(shard_dir, Path(log), {**expected, "stage": wf.stage_fps[stage, ds]}, n)
             if state in ("pending", "incomplete") and merged == "yes":
                 # Snakemake does not rerun a removed intermediate under an up-to-date merge.
-                state, detail = "removed", f"done deleted after the merge; `snakemake {shard_dir}/done` redoes it"
+                redo = f"snakemake {output}" if output.endswith(f"split.{n}/done") else f"snakemake --force {output}"
+                state, detail = "removed", f"done deleted after the merge; `{redo}` redoes it"
             counts[state] = counts.get(state, 0) + 1
             print(f"  split.{n:<5} {state:<10} {shard['items']:>7} items  {detail if state != 'failed' else ''}".rstrip())
             if state == "failed":
@@ -273,6 +347,13 @@ def _shard_id(text: str) -> int | str:
     return int(text)
 
 
+def _shard_range(text: str) -> tuple[int, int]:
+    first, sep, last = text.partition("-")
+    if not sep or int(last) < int(first):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FIRST-LAST, e.g. 0-15")
+    return int(first), int(last)
+
+
 def cmd_init(args) -> int:
     from snakeshard.project import init_project
 
@@ -310,6 +391,16 @@ def build_parser() -> argparse.ArgumentParser:
     given.add_argument("--fingerprint", help="the canary: the stage fingerprint")
     sp.add_argument("--log", help="this job's log file, named in error messages")
     sp.set_defaults(func=cmd_run_shard)
+
+    sp = sub.add_parser("run-shards", help="run several shards in one job (called by the shard rule when the stage "
+                                           "sets shards_per_job)")
+    sp.add_argument("--spec", required=True, help="stage run spec: a JSON file (spec.json beside plan.json)")
+    sp.add_argument("--shards", type=_shard_range, required=True, help="FIRST-LAST shard numbers")
+    sp.add_argument("--set-dir", required=True, help="the stage/dataset dir holding split.N/")
+    sp.add_argument("--shard-inputs", required=True, help="per shard, what its fingerprint digests, comma-separated")
+    sp.add_argument("--done", required=True, help="the job's own done, written when every shard has its done")
+    sp.add_argument("--log", help="this job's log file, named in error messages")
+    sp.set_defaults(func=cmd_run_shards)
 
     sp = sub.add_parser("merge", help="validate and merge all shards of a stage/dataset (called by the merge rule)")
     sp.add_argument("--spec", required=True, help="stage run spec: a JSON file")

@@ -208,10 +208,14 @@ def shard_items_text(items: list[Item]) -> str:
     return _ITEMS_ENCODER.encode([[i.key, i.source, i.audio, i.seconds, i.fields] for i in items]) + "\n"
 
 
-def read_shard_items(path: str | os.PathLike) -> list[Item]:
-    """The items ``shard_items_text`` wrote (already validated by the plan)."""
-    rows = json.loads(Path(path).read_text(encoding="utf-8"))
-    return [Item(key, source, audio, seconds, fields, None) for key, source, audio, seconds, fields in rows]
+def read_shard_items(paths: str | os.PathLike | list) -> list[Item]:
+    """The items ``shard_items_text`` wrote (already validated by the plan), of one slice or of several
+    (a job running several shards: see ``shards_per_job``), in the order given."""
+    items = []
+    for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+        rows = json.loads(Path(path).read_text(encoding="utf-8"))
+        items += [Item(key, source, audio, seconds, fields, None) for key, source, audio, seconds, fields in rows]
+    return items
 
 
 def source_spec(spec: dict) -> dict:
@@ -290,7 +294,7 @@ class KaldiDataset:
     (utt2spk) and segment ``start``/``end``.
 
     In a shard job (the spec then has ``shard_items``, set by the job) it holds only the shard's
-    items, read from the plan's ``split.N/items.json``: a job's memory and start-up do not depend on
+    items, read from the plan's ``split.N/items.json`` (a job of several shards: theirs): a job's memory and start-up do not depend on
     the size of the dataset. Everywhere else (``runner(indices)``, notebooks) it reads the dataset.
     """
 

@@ -36,3 +36,5 @@ wildcard_constraints:
     stage=r"[^/]+",
     dataset=r"[^/]+",
     shard=r"\d+",
+    first=r"\d+",
+    last=r"\d+",

@@ -4,7 +4,7 @@
 
 rule merge:
     input:
-        lambda w: WF.shard_done_files(w.stage, w.dataset),
+        lambda w: WF.job_done_files(w.stage, w.dataset),
     output:
         f"{WF.out}/{{stage}}/{{dataset}}/merged.json",
     log:

@@ -2,14 +2,24 @@
 # A `shell:` rule, not `run:`, so a job is a plain process, not a fresh Snakemake.
 # One rule per stage (`shard_<stage>`), because retries and resources are per stage; the
 # rule's resources grow with `attempt` so a retry after an out-of-memory or timeout kill gets more.
+# A stage with `shards_per_job: K` gets, under the same rule name, one job per K consecutive shards
+# (`run-shards`): its output is jobs/shards.FIRST-LAST.done, each shard still writes split.N/done.
 
 
 def _shard_rule_functions(stage):
-    """Per-stage params and resources for the rule below (a loop variable in a lambda would bind late)."""
+    """Per-stage params and resources for the rules below (a loop variable in a lambda would bind late)."""
     res = SHARD_RESOURCES[stage]
 
     def inputs(wildcards):
         return WF.shard_inputs_arg(stage, wildcards.dataset, int(wildcards.shard))
+
+    def group_keys(wildcards):
+        return [f"{WF.out}/{stage}/{wildcards.dataset}/split.{n}/keys"
+                for n in range(int(wildcards.first), int(wildcards.last) + 1)]
+
+    def group_inputs(wildcards):
+        return ",".join(WF.shard_inputs_arg(stage, wildcards.dataset, n)
+                        for n in range(int(wildcards.first), int(wildcards.last) + 1))
 
     def upstream(wildcards):  # a chained dataset: the upstream stage's merged output
         return WF.upstream_merged(stage, wildcards.dataset)
@@ -17,13 +27,17 @@ def _shard_rule_functions(stage):
     def escalated(name):
         return lambda wildcards, attempt: res[name] * attempt
 
+    def group_runtime(wildcards, attempt):  # the shards of a job run one after the other
+        return res["runtime"] * attempt * (int(wildcards.last) - int(wildcards.first) + 1)
+
     resources = {name: res[name] for name in SLURM_PASSTHROUGH if name in res}  # unset ones stay unset
     resources.update(mem_mb=escalated("mem_mb"), runtime=escalated("runtime"), cpus_per_task=res["cpus_per_task"])
-    return inputs, resources, upstream
+    group_resources = {**resources, "runtime": group_runtime}
+    return inputs, resources, upstream, group_keys, group_inputs, group_resources
 
 
-for _stage in config["stages"]:
-    _inputs, _resources, _upstream = _shard_rule_functions(_stage)
+for _stage in [stage for stage in config["stages"] if WF.shards_per_job(stage) == 1]:
+    _inputs, _resources, _upstream, *_ = _shard_rule_functions(_stage)
 
     rule:
         name:
@@ -51,3 +65,32 @@ for _stage in config["stages"]:
             '"$SNAKESHARD_PYTHON" -m snakeshard run-shard --shard {wildcards.shard} --spec {params.set_dir}/spec.json'
             " --shard-dir {params.set_dir}/split.{wildcards.shard} --shard-inputs {params.inputs}"
             " --log {log}"
+
+
+for _stage in [stage for stage in config["stages"] if WF.shards_per_job(stage) > 1]:
+    _, _, _upstream, _keys, _inputs, _resources = _shard_rule_functions(_stage)
+
+    rule:
+        name:
+            f"shard_{_stage}"
+        input:
+            shard_keys=_keys,
+            canary=ancient(f"{WF.canaries[_stage]['dir']}/done"),
+            upstream=_upstream,
+        output:
+            done=f"{WF.out}/{_stage}/{{dataset}}/jobs/shards.{{first}}-{{last}}.done",
+        log:
+            f"{WF.out}/{_stage}/{{dataset}}/logs/shards.{{first}}-{{last}}.log",
+        params:
+            inputs=_inputs,  # every shard's, comma-separated: a change of any reruns the job (and only that shard)
+            set_dir=f"{WF.out}/{_stage}/{{dataset}}",
+        conda:
+            "../envs/snakeshard.yaml"
+        threads: SHARD_RESOURCES[_stage]["cpus_per_task"]
+        retries: SHARD_RESOURCES[_stage]["retries"]
+        resources:
+            **_resources,
+        shell:
+            '"$SNAKESHARD_PYTHON" -m snakeshard run-shards --shards {wildcards.first}-{wildcards.last}'
+            " --spec {params.set_dir}/spec.json --set-dir {params.set_dir} --shard-inputs {params.inputs}"
+            " --done {output.done} --log {log}"

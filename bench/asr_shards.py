@@ -1,0 +1,121 @@
+"""Benchmark (not a test): PocketSphinx ASR over N utterances, a plain loop vs snakeshard with 2 and 8 shards.
+
+Data: ``make_data`` of bench/fbank_stage.py, a Kaldi data dir of N keys (``--utts``, default 200)
+cycling through the 10 demo wavs (16 kHz, 3.4 s on average).
+  * loop: one Python process (started fresh, its start-up and model load timed) that makes one decoder
+    and, per key in wav.scp order, reads the wav (soundfile, int16) and decodes it
+    (``snakeshard.demo.pocketsphinx_asr``: ``decode`` resets the decoder's feature state per utterance);
+    writes ``key text`` lines;
+  * shards2 / shards8: the demo's ``asr`` stage alone (PocketsphinxRunner/Provider) with
+    ``sharding: {num_shards: 2 or 8}``, `snakemake --profile config/profiles/local --cores 2` from a clean
+    state (parse, plan, canary of 1 key, shard jobs, merge), everything included.
+Rounds interleave the cases; each case's text is compared with the loop's, key by key (any difference is
+printed: decoding must not depend on the shard layout). Reports median wall and the ratio to the loop.
+
+    python bench/asr_shards.py [--utts 200] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from benchlib import machine_info, rotated
+from fbank_stage import make_data
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / "bench" / "work" / "asr_shards"
+LOOP = '''
+import sys
+import soundfile
+from snakeshard.demo.pocketsphinx_asr import decode, make_decoder
+
+data, out = sys.argv[1], sys.argv[2]
+decoder = make_decoder()
+with open(f"{data}/wav.scp") as f, open(out, "w") as o:
+    for line in f:
+        key, path = line.split(maxsplit=1)
+        samples, _ = soundfile.read(path.strip(), dtype="int16")
+        o.write(f"{key} {decode(decoder, samples)}\\n")
+'''
+
+
+def stage_dir(path: Path, data: Path, shards: int) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    for part in ("Snakefile", "workflow", "config"):
+        (shutil.copytree if (ROOT / part).is_dir() else shutil.copy2)(ROOT / part, path / part)
+    full = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    asr = {**full["stages"]["asr"], "datasets": ["big"], "sharding": {"num_shards": shards}}
+    config = {"canary": 1, "datasets": {"big": {"path": str(data)}}, "stages": {"asr": asr}}
+    (path / "config/config.yaml").write_text(yaml.safe_dump(config))
+    return path
+
+
+def texts(path: Path) -> dict:
+    return dict((line.split(" ", 1) + [""])[:2] for line in path.read_text().splitlines())
+
+
+def run_case(case: str, data: Path, env: dict) -> tuple[float, dict]:
+    if case == "loop":
+        out = WORK / "loop.txt"
+        cmd, cwd, result = [sys.executable, "-c", LOOP, str(data), str(out)], WORK, out
+    else:
+        cwd = stage_dir(WORK / case, data, int(case.removeprefix("shards")))
+        cmd = [sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2"]
+        result = cwd / "results/asr/big/text"
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.exit(f"{case} failed:\n{proc.stderr[-4000:]}")
+    return wall, texts(result)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--utts", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    from importlib.metadata import version
+
+    import snakemake
+
+    print(machine_info(snakemake=snakemake.__version__, pocketsphinx=version("pocketsphinx")))
+    shutil.rmtree(WORK, ignore_errors=True)
+    data = WORK / "data"
+    make_data(data, args.utts)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    cases = ["loop", "shards2", "shards8"]
+    walls = {case: [] for case in cases}
+    reference = None
+    for rep in range(args.repeats):
+        for case in rotated(cases, rep):
+            wall, hyps = run_case(case, data, env)
+            walls[case].append(wall)
+            if case == "loop":
+                reference = reference or hyps
+            print(f"  round {rep} {case}: {wall:.1f} s", file=sys.stderr)
+            if reference and case != "loop":
+                differ = sorted(k for k in reference if hyps.get(k) != reference[k])
+                print(f"  {case}: {len(differ)} of {len(reference)} keys decoded differently from the loop"
+                      + (f": {differ[:5]}" if differ else ""), file=sys.stderr)
+    loop = statistics.median(walls["loop"])
+    print(f"\n{args.utts} utterances, --cores 2, median of {args.repeats}\n")
+    print("| case | wall s | wall / loop |")
+    print("|---|---:|---:|")
+    for case in cases:
+        w = statistics.median(walls[case])
+        print(f"| {case} | {w:.1f} | {w / loop:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

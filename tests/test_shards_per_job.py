@@ -1,0 +1,93 @@
+"""`shards_per_job: K`: one job (one process, one SLURM job) runs K consecutive shards; each shard keeps its
+own done, a failed shard does not stop the others, and a rerun redoes only the shards without a current done."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from conftest import read_config, run_cli, run_snakemake, write_config
+
+TOY = Path("results/upper/toy")
+
+
+def set_upper(workdir: Path, **changes) -> None:
+    config = read_config(workdir)
+    config["stages"]["upper"].update(changes)
+    write_config(workdir, config)
+
+
+def dones(workdir: Path) -> dict[str, bytes]:
+    return {p.parent.name: p.read_bytes() for p in sorted((workdir / TOY).glob("split.*/done"))}
+
+
+def test_grouped_jobs_merge_the_same_bytes_as_one_job_per_shard(toy_workdir):
+    """10 shards of the toy stage, 4 per job: the dry run lists 3 shard jobs (0-3, 4-7, 8-9); the run writes
+    every shard's done and each job's; the merged text is byte-identical to a run of one job per shard."""
+    set_upper(toy_workdir, sharding={"num_shards": 10})
+    assert run_snakemake(toy_workdir).returncode == 0
+    one_per_shard = (toy_workdir / TOY / "text").read_bytes()
+
+    shutil.rmtree(toy_workdir / "results")
+    set_upper(toy_workdir, sharding={"num_shards": 10}, shards_per_job=4)
+    dry = run_snakemake(toy_workdir, "-n")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert re.search(r"^shard_upper\s+3$", dry.stdout, re.M), dry.stdout  # Snakemake's job stats table
+    run = run_snakemake(toy_workdir)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(p.name for p in (toy_workdir / TOY / "jobs").iterdir()) == [
+        "shards.0-3.done", "shards.4-7.done", "shards.8-9.done"]
+    assert len(dones(toy_workdir)) == 10
+    assert (toy_workdir / TOY / "text").read_bytes() == one_per_shard
+    log = (toy_workdir / TOY / "logs/shards.4-7.log").read_text()
+    assert "shards 4-7: 0 already done with these inputs, 4 to run" in log
+    assert all(f"shard {n}: 4 items in" in log for n in range(4, 8))
+
+
+def test_a_failed_shard_leaves_the_others_done_and_the_rerun_runs_only_it(toy_workdir):
+    """utt013 (shard 3 of 10, in the job of shards 0-3) raises: the run fails naming the key and the shard;
+    shards 0-2 of that job and every other job are done; the job's own done is absent. Once the key is fixed
+    (an option outside the fingerprint), the rerun runs that job, which runs shard 3 only: the other shards'
+    done files are byte-identical to before, and the merged text has utt013."""
+    set_upper(toy_workdir, sharding={"num_shards": 10}, shards_per_job=4,
+              provider_config={"fail_on_keys": ["utt013"]}, fingerprint_ignore=["fail_on_keys"])
+    first = run_snakemake(toy_workdir)
+    out = first.stdout + first.stderr
+    assert first.returncode != 0
+    assert "shards 0-3: 1 of 4 failed (the others are done and are not rerun): shard 3" in out, out[-3000:]
+    assert "item 'utt013' failed: RuntimeError: asked to fail on utt013" in out
+    before = dones(toy_workdir)
+    assert sorted(before) == sorted(f"split.{n}" for n in range(10) if n != 3)
+    assert not (toy_workdir / TOY / "jobs/shards.0-3.done").exists()
+    assert (toy_workdir / TOY / "jobs/shards.4-7.done").exists()
+    assert not (toy_workdir / TOY / "merged.json").exists()
+    status = run_cli(toy_workdir, "status").stdout  # the job's log holds 4 shards: the failed one is told apart
+    assert re.search(r"split\.3 +failed", status) and len(re.findall(r"split\.\d+ +done", status)) == 9, status
+    assert "item 'utt013' failed" in status and str(TOY / "logs/shards.0-3.log") in status
+
+    set_upper(toy_workdir, provider_config={})
+    second = run_snakemake(toy_workdir)
+    assert second.returncode == 0, second.stderr[-3000:]
+    log = (toy_workdir / TOY / "logs/shards.0-3.log").read_text()
+    assert "shards 0-3: 3 already done with these inputs, 1 to run" in log
+    after = dones(toy_workdir)
+    assert {name: after[name] for name in before} == before  # shards 0-2 and 4-9 were not run again
+    assert json.loads(after["split.3"])["items"] == 4
+    assert "utt013 UTT013" in (toy_workdir / TOY / "text").read_text().splitlines()
+
+
+def test_a_changed_shard_reruns_alone_inside_its_job(toy_workdir):
+    """A key's wav.scp line changes (its record is in the fingerprint): Snakemake reruns the job holding that
+    shard, and the job runs that shard only."""
+    set_upper(toy_workdir, sharding={"num_shards": 10}, shards_per_job=4)
+    assert run_snakemake(toy_workdir).returncode == 0
+    before = dones(toy_workdir)
+    scp = toy_workdir / "data/toy/wav.scp"
+    scp.write_text(scp.read_text().replace("utt021 data/demo/wav/cards-001.wav", "utt021 ./data/demo/wav/cards-001.wav"))
+    run = run_snakemake(toy_workdir)
+    assert run.returncode == 0, run.stderr[-3000:]
+    after = dones(toy_workdir)
+    assert [name for name in after if after[name] != before[name]] == ["split.5"]
+    assert "shards 4-7: 3 already done with these inputs, 1 to run" in (toy_workdir / TOY / "logs/shards.4-7.log").read_text()
