@@ -6,13 +6,15 @@ cycling through the 10 demo wavs (16 kHz, 3.4 s on average).
     and, per key in wav.scp order, reads the wav (soundfile, int16) and decodes it
     (``snakeshard.demo.pocketsphinx_asr``: ``decode`` resets the decoder's feature state per utterance);
     writes ``key text`` lines;
+  * ceiling: two copies of the loop at once, each over half of wav.scp (no orchestration at all): what
+    2 processes can get on this machine;
   * shards2 / shards8: the demo's ``asr`` stage alone (PocketsphinxRunner/Provider) with
     ``sharding: {num_shards: 2 or 8}``, `snakemake --profile config/profiles/local --cores 2` from a clean
     state (parse, plan, canary of 1 key, shard jobs, merge), everything included.
 Rounds interleave the cases; each case's text is compared with the loop's, key by key (any difference is
 printed: decoding must not depend on the shard layout). Reports median wall and the ratio to the loop.
 
-    python bench/asr_shards.py [--utts 200] [--repeats 2]
+    python bench/asr_shards.py [--utts 200] [--repeats 2] [--cases loop,ceiling,shards2,shards8]
 """
 
 from __future__ import annotations
@@ -64,7 +66,26 @@ def texts(path: Path) -> dict:
     return dict((line.split(" ", 1) + [""])[:2] for line in path.read_text().splitlines())
 
 
+def run_ceiling(data: Path, env: dict) -> tuple[float, dict]:
+    """Two loops at once, over the two halves of wav.scp."""
+    lines = (data / "wav.scp").read_text().splitlines(keepends=True)
+    halves = [lines[: len(lines) // 2], lines[len(lines) // 2:]]
+    procs = []
+    t0 = time.perf_counter()
+    for n, half in enumerate(halves):
+        part = WORK / f"half{n}"
+        part.mkdir(exist_ok=True)
+        (part / "wav.scp").write_text("".join(half))
+        procs.append(subprocess.Popen([sys.executable, "-c", LOOP, str(part), str(part / "out.txt")], env=env))
+    if any(p.wait() for p in procs):
+        sys.exit("ceiling: a loop failed")
+    wall = time.perf_counter() - t0
+    return wall, {**texts(WORK / "half0/out.txt"), **texts(WORK / "half1/out.txt")}
+
+
 def run_case(case: str, data: Path, env: dict) -> tuple[float, dict]:
+    if case == "ceiling":
+        return run_ceiling(data, env)
     if case == "loop":
         out = WORK / "loop.txt"
         cmd, cwd, result = [sys.executable, "-c", LOOP, str(data), str(out)], WORK, out
@@ -84,6 +105,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--utts", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--cases", default="loop,ceiling,shards2,shards8")
     args = ap.parse_args()
     from importlib.metadata import version
 
@@ -94,7 +116,7 @@ def main() -> None:
     data = WORK / "data"
     make_data(data, args.utts)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    cases = ["loop", "shards2", "shards8"]
+    cases = args.cases.split(",")
     walls = {case: [] for case in cases}
     reference = None
     for rep in range(args.repeats):
@@ -108,7 +130,7 @@ def main() -> None:
                 differ = sorted(k for k in reference if hyps.get(k) != reference[k])
                 print(f"  {case}: {len(differ)} of {len(reference)} keys decoded differently from the loop"
                       + (f": {differ[:5]}" if differ else ""), file=sys.stderr)
-    loop = statistics.median(walls["loop"])
+    loop = statistics.median(walls["loop"]) if walls.get("loop") else float("nan")
     print(f"\n{args.utts} utterances, --cores 2, median of {args.repeats}\n")
     print("| case | wall s | wall / loop |")
     print("|---|---:|---:|")

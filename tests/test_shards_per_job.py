@@ -4,11 +4,15 @@ own done, a failed shard does not stop the others, and a rerun redoes only the s
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from conftest import read_config, run_cli, run_snakemake, write_config
+from snakeshard.merge import rerun_command
 
 TOY = Path("results/upper/toy")
 
@@ -25,10 +29,17 @@ def dones(workdir: Path) -> dict[str, bytes]:
 
 def test_grouped_jobs_merge_the_same_bytes_as_one_job_per_shard(toy_workdir):
     """10 shards of the toy stage, 4 per job: the dry run lists 3 shard jobs (0-3, 4-7, 8-9); the run writes
-    every shard's done and each job's; the merged text is byte-identical to a run of one job per shard."""
+    every shard's done and each job's; the merged text is byte-identical to a run of one job per shard.
+    Switching an existing run from 1 to 4 per job reruns no shard."""
     set_upper(toy_workdir, sharding={"num_shards": 10})
     assert run_snakemake(toy_workdir).returncode == 0
-    one_per_shard = (toy_workdir / TOY / "text").read_bytes()
+    one_per_shard, shards_done = (toy_workdir / TOY / "text").read_bytes(), dones(toy_workdir)
+
+    # Switching to 4 per job recomputes nothing: the new jobs find every shard current.
+    set_upper(toy_workdir, sharding={"num_shards": 10}, shards_per_job=4)
+    assert run_snakemake(toy_workdir).returncode == 0
+    assert "shards 0-3: 4 already done with these inputs, 0 to run" in (toy_workdir / TOY / "logs/shards.0-3.log").read_text()
+    assert dones(toy_workdir) == shards_done and (toy_workdir / TOY / "text").read_bytes() == one_per_shard
 
     shutil.rmtree(toy_workdir / "results")
     set_upper(toy_workdir, sharding={"num_shards": 10}, shards_per_job=4)
@@ -91,3 +102,22 @@ def test_a_changed_shard_reruns_alone_inside_its_job(toy_workdir):
     after = dones(toy_workdir)
     assert [name for name in after if after[name] != before[name]] == ["split.5"]
     assert "shards 4-7: 3 already done with these inputs, 1 to run" in (toy_workdir / TOY / "logs/shards.4-7.log").read_text()
+
+
+def test_the_advice_to_rerun_one_shard_of_a_job_works(toy_workdir, monkeypatch):
+    """What the merge's errors tell a user to run to recompute one shard (``rerun_command``): for a shard in
+    a job of several, remove its done and force its job; run as told, it recomputes that shard only."""
+    set_upper(toy_workdir, sharding={"num_shards": 10}, shards_per_job=4)
+    assert run_snakemake(toy_workdir).returncode == 0
+    before = dones(toy_workdir)
+    monkeypatch.chdir(toy_workdir)  # the merge names paths as the workflow does: relative to the working dir
+    done = TOY / "split.5/done"
+    advice = rerun_command(done)
+    assert advice == f"rm -f {done} && snakemake --profile <your profile> --forcerun {TOY}/jobs/shards.4-7.done"
+    run = subprocess.run(advice.replace("<your profile>", "config/profiles/local --cores 2"), shell=True,
+                         cwd=toy_workdir, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    after = dones(toy_workdir)
+    assert [name for name in after if after[name] != before[name]] == ["split.5"]
+    assert (toy_workdir / TOY / "jobs/shards.4-7.done").exists()

@@ -294,8 +294,8 @@ class KaldiDataset:
     (utt2spk) and segment ``start``/``end``.
 
     In a shard job (the spec then has ``shard_items``, set by the job) it holds only the shard's
-    items, read from the plan's ``split.N/items.json`` (a job of several shards: theirs): a job's memory and start-up do not depend on
-    the size of the dataset. Everywhere else (``runner(indices)``, notebooks) it reads the dataset.
+    items, read from the plan's ``split.N/items.json`` (a job of several shards: theirs): a job's
+    memory and start-up do not depend on the size of the dataset. Everywhere else (``runner(indices)``, notebooks) it reads the dataset.
     """
 
     def __init__(self, spec: dict):

@@ -38,8 +38,24 @@ class StaleMergedOutput(SnakeshardError):
 
 
 def rerun_command(done_path) -> str:
-    """The command that recomputes one shard whatever state its ``done`` is in (and then merges again)."""
-    return f"snakemake --profile <your profile> --forcerun {done_path}"
+    """The command that recomputes one shard whatever state its ``done`` is in (and then merges again).
+
+    A shard run by a job of several (``shards_per_job``) is not a rule's output: its done goes, then its
+    job is forced (the job skips its other shards, whose done still matches)."""
+    done_path = Path(done_path)
+    set_dir = done_path.parent.parent
+    try:
+        k = json.loads((set_dir / "spec.json").read_text()).get("shards_per_job", 1)
+        num_shards = json.loads((set_dir / "plan.json").read_text())["num_shards"]
+    except (OSError, ValueError, KeyError):
+        k = 1
+    if k == 1:
+        return f"snakemake --profile <your profile> --forcerun {done_path}"
+    from snakeshard.workflow import shard_job_files
+
+    shard = int(done_path.parent.name.removeprefix("split."))
+    job = shard_job_files(str(set_dir), shard, k, num_shards)[1]
+    return f"rm -f {done_path} && snakemake --profile <your profile> --forcerun {job}"
 
 
 def read_done(shard_dir: Path) -> dict | None:

@@ -400,6 +400,7 @@ def run_spec(config: dict, stage: str, dataset: str) -> dict:
         "report_seconds": "shard_seconds" in (s.get("sharding") or {}),  # progress in audio seconds too
         "gpus": requested_gpus(s.get("resources") or {}),
         "pool": pool_spec(s),  # not in the fingerprint: a pool gives the same results
+        "shards_per_job": int(s.get("shards_per_job", 1)),  # nor this: how shards are grouped into jobs
         "dataset": dataset,
     }
 
@@ -582,10 +583,14 @@ class Workflow:
 
     def shard_job_files(self, stage: str, dataset: str, shard: int) -> tuple[str, str]:
         """(log, output) of the job that runs ``shard``: its own, or its group's with ``shards_per_job``."""
-        base = set_dir(self.config, stage, dataset)
-        k = self.shards_per_job(stage)
-        if k == 1:
-            return f"{base}/logs/split.{shard}.log", f"{base}/split.{shard}/done"
-        first = shard // k * k
-        last = min(first + k, self.num_shards(stage, dataset)) - 1
-        return f"{base}/logs/shards.{first}-{last}.log", f"{base}/jobs/shards.{first}-{last}.done"
+        return shard_job_files(set_dir(self.config, stage, dataset), shard, self.shards_per_job(stage),
+                               self.num_shards(stage, dataset))
+
+
+def shard_job_files(base: str, shard: int, shards_per_job: int, num_shards: int) -> tuple[str, str]:
+    """(log, rule output) of the job running ``shard`` of the set in ``base`` (the rules in shard.smk)."""
+    if shards_per_job == 1:
+        return f"{base}/logs/split.{shard}.log", f"{base}/split.{shard}/done"
+    first = shard // shards_per_job * shards_per_job
+    last = min(first + shards_per_job, num_shards) - 1
+    return f"{base}/logs/shards.{first}-{last}.log", f"{base}/jobs/shards.{first}-{last}.done"
