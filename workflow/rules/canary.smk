@@ -14,7 +14,7 @@
 
 
 for _stage, _canary in WF.canaries.items():
-    _resources = _shard_rule_functions(_stage)[1]  # the shard jobs' resources (and, below, retries)
+    _resources = _shard_rule_functions(_stage).resources  # the shard jobs' resources (and, below, retries)
 
     rule:
         name:

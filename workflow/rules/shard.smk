@@ -5,6 +5,8 @@
 # A stage with `shards_per_job: K` gets, under the same rule name, one job per K consecutive shards
 # (`run-shards`): its output is jobs/shards.FIRST-LAST.done, each shard still writes split.N/done.
 
+from types import SimpleNamespace
+
 
 def _shard_rule_functions(stage):
     """Per-stage params and resources for the rules below (a loop variable in a lambda would bind late)."""
@@ -32,12 +34,12 @@ def _shard_rule_functions(stage):
 
     resources = {name: res[name] for name in SLURM_PASSTHROUGH if name in res}  # unset ones stay unset
     resources.update(mem_mb=escalated("mem_mb"), runtime=escalated("runtime"), cpus_per_task=res["cpus_per_task"])
-    group_resources = {**resources, "runtime": group_runtime}
-    return inputs, resources, upstream, group_keys, group_inputs, group_resources
+    return SimpleNamespace(inputs=inputs, resources=resources, upstream=upstream, group_keys=group_keys,
+                           group_inputs=group_inputs, group_resources={**resources, "runtime": group_runtime})
 
 
 for _stage in [stage for stage in config["stages"] if WF.shards_per_job(stage) == 1]:
-    _inputs, _resources, _upstream, *_ = _shard_rule_functions(_stage)
+    _f = _shard_rule_functions(_stage)
 
     rule:
         name:
@@ -45,7 +47,7 @@ for _stage in [stage for stage in config["stages"] if WF.shards_per_job(stage) =
         input:
             shard_keys=f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/keys",
             canary=ancient(f"{WF.canaries[_stage]['dir']}/done"),  # existence only: see canary.smk
-            upstream=_upstream,
+            upstream=_f.upstream,
         output:
             done=f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/done",
         log:
@@ -53,14 +55,14 @@ for _stage in [stage for stage in config["stages"] if WF.shards_per_job(stage) =
         params:
             # What the shard's fingerprint digests: a change (config, model files, code, keys, their
             # records or audio) reruns the shard. The job digests it and records the parts in its done.
-            inputs=_inputs,
+            inputs=_f.inputs,
             set_dir=f"{WF.out}/{_stage}/{{dataset}}",
         conda:
             "../envs/snakeshard.yaml"
         threads: SHARD_RESOURCES[_stage]["cpus_per_task"]
         retries: SHARD_RESOURCES[_stage]["retries"]
         resources:
-            **_resources,
+            **_f.resources,
         shell:
             '"$SNAKESHARD_PYTHON" -m snakeshard run-shard --shard {wildcards.shard} --spec {params.set_dir}/spec.json'
             " --shard-dir {params.set_dir}/split.{wildcards.shard} --shard-inputs {params.inputs}"
@@ -68,28 +70,28 @@ for _stage in [stage for stage in config["stages"] if WF.shards_per_job(stage) =
 
 
 for _stage in [stage for stage in config["stages"] if WF.shards_per_job(stage) > 1]:
-    _, _, _upstream, _keys, _inputs, _resources = _shard_rule_functions(_stage)
+    _f = _shard_rule_functions(_stage)
 
     rule:
         name:
             f"shard_{_stage}"
         input:
-            shard_keys=_keys,
+            shard_keys=_f.group_keys,
             canary=ancient(f"{WF.canaries[_stage]['dir']}/done"),
-            upstream=_upstream,
+            upstream=_f.upstream,
         output:
             done=f"{WF.out}/{_stage}/{{dataset}}/jobs/shards.{{first}}-{{last}}.done",
         log:
             f"{WF.out}/{_stage}/{{dataset}}/logs/shards.{{first}}-{{last}}.log",
         params:
-            inputs=_inputs,  # every shard's, comma-separated: a change of any reruns the job (and only that shard)
+            inputs=_f.group_inputs,  # every shard's, comma-separated: a change of any reruns the job (and only that shard)
             set_dir=f"{WF.out}/{_stage}/{{dataset}}",
         conda:
             "../envs/snakeshard.yaml"
         threads: SHARD_RESOURCES[_stage]["cpus_per_task"]
         retries: SHARD_RESOURCES[_stage]["retries"]
         resources:
-            **_resources,
+            **_f.group_resources,
         shell:
             '"$SNAKESHARD_PYTHON" -m snakeshard run-shards --shards {wildcards.first}-{wildcards.last}'
             " --spec {params.set_dir}/spec.json --set-dir {params.set_dir} --shard-inputs {params.inputs}"
