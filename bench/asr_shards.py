@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from benchlib import machine_info, rotated
+from benchlib import fresh_project, machine_info, rotated
 from fbank_stage import make_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,10 +51,7 @@ with open(f"{data}/wav.scp") as f, open(out, "w") as o:
 
 
 def stage_dir(path: Path, data: Path, shards: int) -> Path:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    for part in ("Snakefile", "workflow", "config"):
-        (shutil.copytree if (ROOT / part).is_dir() else shutil.copy2)(ROOT / part, path / part)
+    fresh_project(path)
     full = yaml.safe_load((ROOT / "config/config.yaml").read_text())
     asr = {**full["stages"]["asr"], "datasets": ["big"], "sharding": {"num_shards": shards}}
     config = {"canary": 1, "datasets": {"big": {"path": str(data)}}, "stages": {"asr": asr}}

@@ -9,10 +9,38 @@ import datetime
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A toy stage for benchmarks of the fixed costs: the provider builds nothing, forward upper-cases the key.
+TOY_STAGE_MODULE = '''
+from snakeshard import BaseRunner, EnvironmentProvider
+
+
+class Provider(EnvironmentProvider):
+    def build_env_local(self):
+        return {}
+
+
+class Runner(BaseRunner):
+    @staticmethod
+    def forward(key):
+        return {"text": key.upper()}
+'''
+
+
+def fresh_project(path: Path) -> Path:
+    """``path``, emptied, holding a copy of the repository's Snakefile, workflow/ and config/."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    for part in ("Snakefile", "workflow", "config"):
+        (shutil.copytree if (REPO / part).is_dir() else shutil.copy2)(REPO / part, path / part)
+    return path
 
 
 def machine_info(**versions: str) -> str:

@@ -2,7 +2,7 @@
 
 Two workflows of N jobs each, run with `--cores 2`:
   * snakeshard: the repository's workflow over a toy dataset of N keys, `shard_size: 1`, a toy
-    runner whose forward returns the key (so all cost is per job), local profile;
+    runner whose forward upper-cases the key (so all cost is per job), local profile;
   * raw: a Snakefile of N rule instances `echo {i} > {output}` (plus `all`), with the local profile's
     scheduling options (greedy, subsample 100, keep-going);
   * raw_patched: the same with snakeshard's scheduler patch applied (snakeshard/scheduler_patch.py),
@@ -30,24 +30,10 @@ from pathlib import Path
 
 import yaml
 
-from benchlib import machine_info, rotated
+from benchlib import TOY_STAGE_MODULE, fresh_project, machine_info, rotated
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "bench" / "work" / "job_overhead"
-TOY = '''
-from snakeshard import BaseRunner, EnvironmentProvider
-
-
-class Provider(EnvironmentProvider):
-    def build_env_local(self):
-        return {}
-
-
-class Runner(BaseRunner):
-    @staticmethod
-    def forward(key):
-        return {"text": key}
-'''
 RAW = '''
 N = int(config["n"])
 
@@ -84,13 +70,10 @@ main()
 
 
 def snakeshard_dir(path: Path, n: int) -> Path:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    for part in ("Snakefile", "workflow", "config"):
-        (shutil.copytree if (ROOT / part).is_dir() else shutil.copy2)(ROOT / part, path / part)
+    fresh_project(path)
     (path / "data/toy").mkdir(parents=True)
     (path / "data/toy/items.jsonl").write_text("".join(json.dumps({"key": f"k{i:06d}"}) + "\n" for i in range(n)))
-    (path / "toy_bench.py").write_text(TOY)
+    (path / "toy_bench.py").write_text(TOY_STAGE_MODULE)
     config = {"datasets": {"toy": {"path": "data/toy/items.jsonl", "format": "jsonl"}},
               "stages": {"echo": {"runner": "toy_bench.Runner", "provider": "toy_bench.Provider",
                                   "datasets": ["toy"], "sharding": {"shard_size": 1}}}}

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from benchlib import machine_info
+from benchlib import fresh_project, machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "bench" / "work" / "scale_keys"
@@ -58,10 +57,7 @@ class Runner(BaseRunner):
 
 
 def make_dir(path: Path, n: int) -> Path:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    for part in ("Snakefile", "workflow", "config"):
-        (shutil.copytree if (ROOT / part).is_dir() else shutil.copy2)(ROOT / part, path / part)
+    fresh_project(path)
     with open(path / "items.jsonl", "w") as f:
         for i in range(n):
             f.write(json.dumps({"key": f"utt{i:07d}", "text": f"the words of utterance number {i:07d} " * 2}) + "\n")

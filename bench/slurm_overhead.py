@@ -26,35 +26,20 @@ from pathlib import Path
 
 import yaml
 
+from benchlib import TOY_STAGE_MODULE, fresh_project
+
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "bench" / "work" / "slurm"
-TOY = '''
-from snakeshard import BaseRunner, EnvironmentProvider
-
-
-class Provider(EnvironmentProvider):
-    def build_env_local(self):
-        return {}
-
-
-class Runner(BaseRunner):
-    @staticmethod
-    def forward(key):
-        return {"text": key.upper()}
-'''
 FAST_STATUS = ["--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1"]
 
 
 def make_workdir(path: Path, shards: int, shards_per_job: int = 1) -> Path:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    for part in ("Snakefile", "workflow", "config"):
-        (shutil.copytree if (ROOT / part).is_dir() else shutil.copy2)(ROOT / part, path / part)
+    fresh_project(path)
     (path / "data/toy").mkdir(parents=True)
     wav = path / "data/toy/a.wav"
     shutil.copy2(ROOT / "data/demo/wav/cards-001.wav", wav)
     (path / "data/toy/wav.scp").write_text("".join(f"utt{i:04d} data/toy/a.wav\n" for i in range(shards * 10)))
-    (path / "toy_bench.py").write_text(TOY)
+    (path / "toy_bench.py").write_text(TOY_STAGE_MODULE)
     config = {"datasets": {"toy": {"path": "data/toy"}},
               "stages": {"upper": {"runner": "toy_bench.Runner", "provider": "toy_bench.Provider",
                                    "datasets": ["toy"], "sharding": {"shard_size": 10},
