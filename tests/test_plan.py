@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import random
 from pathlib import Path
@@ -203,6 +204,20 @@ def test_jsonl_record_without_key_field_names_line(tmp_path):
     path.write_text('{"id": "a"}\n{"key": "b"}\n')
     with pytest.raises(DataError, match=rf"{path}:2: record has no key field 'id'"):
         make_plan({"path": str(path), "format": "jsonl", "key_field": "id"}, {"num_shards": 1})
+
+
+@pytest.mark.parametrize("bad_line, message", [
+    ('{"key": "c", "text": ', "not valid JSON (Expecting value)"),
+    ('{"key": "c"} {"key": "d"}', "not valid JSON (Extra data)"),  # two records on one line
+    ('{"key": "c"}, {"key": "d"}', "not valid JSON (Extra data)"),  # joined as an array, this would parse
+])
+def test_jsonl_line_that_is_not_one_record_names_its_line(tmp_path, bad_line, message):
+    """The manifest is parsed in one call; a line that is not exactly one JSON value still fails naming it
+    (file:line, after a blank line, which is skipped but counted)."""
+    path = tmp_path / "set.jsonl"
+    path.write_text('{"key": "a"}\n\n{"key": "b"}\n' + bad_line + '\n{"key": "e"}\n')
+    with pytest.raises(DataError, match=re.escape(f"{path}:4: {message}")):
+        make_plan({"path": str(path), "format": "jsonl"}, {"num_shards": 1})
 
 
 # -- ensure_plan caching -------------------------------------------------------------------------

@@ -169,7 +169,7 @@ def cmd_run_shards(args) -> int:
                              parse_shard_inputs(texts[n - first]), args.log)
                 except SnakeshardError as e:  # the next shards still run: a rerun then redoes this one only
                     _report(ERROR_PREFIX + str(e), e.__cause__, None)
-                    failed.append(f"{e}")
+                    failed.append(str(e))
     if failed:
         raise ShardError(f"shards {first}-{last}: {len(failed)} of {len(todo)} failed (the others are done and "
                          f"are not rerun): " + "; ".join(failed))
@@ -178,10 +178,12 @@ def cmd_run_shards(args) -> int:
 
 
 def _done_fingerprint(shard_dir: Path) -> str | None:
-    """The fingerprint a shard's ``done`` records; None without a readable one."""
+    """The fingerprint a shard's ``done`` records; None without a readable one (the shard is then run)."""
+    from snakeshard.merge import UnreadableDone, read_done
+
     try:
-        return json.loads((shard_dir / "done").read_text()).get("fingerprint")
-    except (OSError, ValueError, AttributeError):
+        return (read_done(shard_dir) or {}).get("fingerprint")
+    except UnreadableDone:
         return None
 
 
@@ -259,7 +261,7 @@ STALE_CAUSES = {"keys": "its keys", "records": "its keys' records (wav.scp, segm
                 "upstream": "the upstream stage's merged output"}
 
 
-def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int | None = None) -> tuple[str, str]:
+def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple[str, str]:
     """(state, detail): done, stale (with what changed), unreadable, failed (with log tail),
     incomplete (started, no result), pending. ``expected``: the shard's entry in the current fingerprints.
     ``log`` may be a job's of several shards (``shards_per_job``): the error line naming ``shard`` counts."""
@@ -277,7 +279,7 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int | None = 
         return "stale", "changed since it ran: " + (", ".join(changed) if changed else "its inputs, config or code")
     lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
     own = [line for line in lines if line.startswith((f"{ERROR_PREFIX}shard {shard} ", f"{ERROR_PREFIX}shard {shard}:"))]
-    if shard is not None and own:
+    if own:  # a job's log of several shards: this shard's error line
         return "failed", "\n".join("      | " + line for line in own)
     tail = lines[-5:]
     if any(line.startswith(ERROR_PREFIX) for line in tail) or any("Error" in line for line in tail[-1:]):

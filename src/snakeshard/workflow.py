@@ -563,23 +563,13 @@ class Workflow:
     def num_shards(self, stage: str, dataset: str) -> int:
         return self.plans[stage, dataset]["num_shards"]
 
-    def shard_done_files(self, stage: str, dataset: str) -> list[str]:
-        base = set_dir(self.config, stage, dataset)
-        return [f"{base}/split.{n}/done" for n in range(self.num_shards(stage, dataset))]
-
     def shards_per_job(self, stage: str) -> int:
         return int(self.config["stages"][stage].get("shards_per_job", 1))
 
-    def shard_groups(self, stage: str, dataset: str) -> list[tuple[int, int]]:
-        """(first, last) shard of each job of a stage with ``shards_per_job``: consecutive runs of shards."""
-        n, k = self.num_shards(stage, dataset), self.shards_per_job(stage)
-        return [(first, min(first + k, n) - 1) for first in range(0, n, k)]
-
     def job_done_files(self, stage: str, dataset: str) -> list[str]:
-        """What the merge waits for: each shard's done, or, with ``shards_per_job``, each job's."""
-        if self.shards_per_job(stage) == 1:
-            return self.shard_done_files(stage, dataset)
-        return [self.shard_job_files(stage, dataset, first)[1] for first, _ in self.shard_groups(stage, dataset)]
+        """What the merge waits for: each shard job's output (with ``shards_per_job``, one per K shards)."""
+        shards = range(self.num_shards(stage, dataset))
+        return list(dict.fromkeys(self.shard_job_files(stage, dataset, n)[1] for n in shards))
 
     def shard_job_files(self, stage: str, dataset: str, shard: int) -> tuple[str, str]:
         """(log, output) of the job that runs ``shard``: its own, or its group's with ``shards_per_job``."""
