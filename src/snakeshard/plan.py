@@ -33,7 +33,7 @@ from snakeshard.data import (SHARD_ITEMS, Item, check_audio_exists, fill_duratio
 from snakeshard.errors import ConfigError
 from snakeshard.fingerprint import digest, keys_digest, keys_text
 
-PLAN_FORMAT = 3  # 2: per-shard record digests and audio_files.json; 3: split.N/items.json
+PLAN_FORMAT = 4  # 2: per-shard record digests and audio_files.json; 3: split.N/items.json; 4: its items and fields apart
 AUDIO_FILES = "audio_files.json"  # beside plan.json: per shard, the audio files it reads
 DATASET_FILES = ("wav.scp", "segments", "utt2dur", "text", "utt2spk")
 

@@ -11,10 +11,11 @@ if os.getcwd() not in sys.path:
 
 from snakeshard.workflow import (SLURM_PASSTHROUGH, Workflow, runner_reports, stage_resources, stage_sets,
                                  validate_config)
-from snakeshard import scheduler_patch
+from snakeshard import snakemake_patches
 
-# Snakemake 9's scheduler adds a wake-up per second per finished job; one pending is enough (see the module).
-scheduler_patch.apply()
+# Two costs of Snakemake 9's driver: a scheduler wake-up per second per finished job, and a pandas import
+# when the first job ends, which holds up the next (see the module).
+snakemake_patches.apply()
 
 # Found next to this file, so the workflow works as a module from any directory.
 validate_config(config, Path(str(workflow.current_basedir)).parent / "schemas" / "config.schema.yaml")

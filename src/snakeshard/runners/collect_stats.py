@@ -38,7 +38,6 @@ from pathlib import Path
 
 from snakeshard import BaseRunner, InferenceProvider
 from snakeshard.errors import ConfigError, ContractError, DataError, MergeError
-from snakeshard.exact_sum import ExactSum
 
 COLLECTED = "collect_feats"  # ESPnet2's dir of collected features
 BATCH_KEYS, STATS_KEYS = "batch_keys", "stats_keys"
@@ -202,6 +201,8 @@ class CollectStatsRunner(BaseRunner):
     def reduce_state(state, result, **env):
         import numpy as np
 
+        from snakeshard.exact_sum import ExactSum
+
         key = result["key"]
         if state["batch_keys"] is None:
             state["batch_keys"] = list(result["shapes"])
@@ -267,6 +268,8 @@ class CollectStatsRunner(BaseRunner):
                     raise MergeError(f"{shard_dir}/{what} differs from {shard_dirs[0]}/{what}: all shards must "
                                      "see the same batch inputs and features")
             keys[what] = first.split()
+        from snakeshard.exact_sum import ExactSum
+
         parts = [json.loads((shard_dir / EXACT_SUMS).read_text()) for shard_dir in shard_dirs]
         for name in keys[STATS_KEYS]:
             count, shape = 0, tuple(parts[0][name]["shape"])
