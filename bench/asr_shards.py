@@ -10,11 +10,13 @@ cycling through the 10 demo wavs (16 kHz, 3.4 s on average).
     2 processes can get on this machine;
   * shards2 / shards8: the demo's ``asr`` stage alone (PocketsphinxRunner/Provider) with
     ``sharding: {num_shards: 2 or 8}``, `snakemake --profile config/profiles/local --cores 2` from a clean
-    state (parse, plan, canary of 1 key, shard jobs, merge), everything included.
+    state (parse, plan, canary, shard jobs, merge), everything included. ``--canary N`` sets the config's
+    top-level ``canary`` (a job decoding the first N keys before the shard jobs start: a decoder load and
+    N decodes on the critical path); without it the local profile's default holds (0: no canary work).
 Rounds interleave the cases; each case's text is compared with the loop's, key by key (any difference is
 printed: decoding must not depend on the shard layout). Reports median wall and the ratio to the loop.
 
-    python bench/asr_shards.py [--utts 200] [--repeats 2] [--cases loop,ceiling,shards2,shards8]
+    python bench/asr_shards.py [--utts 200] [--repeats 2] [--cases loop,ceiling,shards2,shards8] [--canary N]
 """
 
 from __future__ import annotations
@@ -50,11 +52,13 @@ with open(f"{data}/wav.scp") as f, open(out, "w") as o:
 '''
 
 
-def stage_dir(path: Path, data: Path, shards: int) -> Path:
+def stage_dir(path: Path, data: Path, shards: int, canary: int | None) -> Path:
     fresh_project(path)
     full = yaml.safe_load((ROOT / "config/config.yaml").read_text())
     asr = {**full["stages"]["asr"], "datasets": ["big"], "sharding": {"num_shards": shards}}
-    config = {"canary": 1, "datasets": {"big": {"path": str(data)}}, "stages": {"asr": asr}}
+    config = {"datasets": {"big": {"path": str(data)}}, "stages": {"asr": asr}}
+    if canary is not None:
+        config["canary"] = canary
     (path / "config/config.yaml").write_text(yaml.safe_dump(config))
     return path
 
@@ -80,14 +84,14 @@ def run_ceiling(data: Path, env: dict) -> tuple[float, dict]:
     return wall, {**texts(WORK / "half0/out.txt"), **texts(WORK / "half1/out.txt")}
 
 
-def run_case(case: str, data: Path, env: dict) -> tuple[float, dict]:
+def run_case(case: str, data: Path, env: dict, canary: int | None) -> tuple[float, dict]:
     if case == "ceiling":
         return run_ceiling(data, env)
     if case == "loop":
         out = WORK / "loop.txt"
         cmd, cwd, result = [sys.executable, "-c", LOOP, str(data), str(out)], WORK, out
     else:
-        cwd = stage_dir(WORK / case, data, int(case.removeprefix("shards")))
+        cwd = stage_dir(WORK / case, data, int(case.removeprefix("shards")), canary)
         cmd = [sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2"]
         result = cwd / "results/asr/big/text"
     t0 = time.perf_counter()
@@ -103,6 +107,7 @@ def main() -> None:
     ap.add_argument("--utts", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--cases", default="loop,ceiling,shards2,shards8")
+    ap.add_argument("--canary", type=int, default=None, help="the config's canary keys (default: the profile's, 0)")
     args = ap.parse_args()
     from importlib.metadata import version
 
@@ -118,7 +123,7 @@ def main() -> None:
     reference = None
     for rep in range(args.repeats):
         for case in rotated(cases, rep):
-            wall, hyps = run_case(case, data, env)
+            wall, hyps = run_case(case, data, env, args.canary)
             walls[case].append(wall)
             if case == "loop":
                 reference = reference or hyps
@@ -128,7 +133,8 @@ def main() -> None:
                 print(f"  {case}: {len(differ)} of {len(reference)} keys decoded differently from the loop"
                       + (f": {differ[:5]}" if differ else ""), file=sys.stderr)
     loop = statistics.median(walls["loop"]) if walls.get("loop") else float("nan")
-    print(f"\n{args.utts} utterances, --cores 2, median of {args.repeats}\n")
+    canary = "the profile's (0)" if args.canary is None else args.canary
+    print(f"\n{args.utts} utterances, --cores 2, canary {canary}, median of {args.repeats}\n")
     print("| case | wall s | wall / loop |")
     print("|---|---:|---:|")
     for case in cases:

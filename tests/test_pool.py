@@ -46,6 +46,19 @@ def test_ordered_output_equals_sequential(workers):
     assert out["pids"] == workers and out["closed"]
 
 
+def test_items_are_handed_out_evenly_when_there_are_few():
+    """Items go one at a time to the worker holding fewest: 4 items over 2 workers are 2 each. (Filling one
+    worker's 3 prefetch slots first gave 3 and 1: a small shard ran at the speed of one worker.)"""
+    out, _ = scenario("""
+        from collections import Counter
+        from pool_cases import Square
+        with Square(2, {}) as runner:
+            got = runner(range(4))
+        out = {"values": [v for v, _, _ in got], "per_worker": sorted(Counter(p for _, p, _ in got).values())}
+    """)
+    assert out["values"] == [0, 1, 4, 9] and out["per_worker"] == [2, 2]
+
+
 def test_unordered_yields_every_item_exactly_once():
     out, _ = scenario("""
         from pool_cases import UnorderedSquare

@@ -170,52 +170,31 @@ def _read_jsonl(path: Path, spec: dict) -> list[Item]:
     key_field = spec.get("key_field", "key")
     audio_field = spec.get("audio_field", "audio")
     duration_field = spec.get("duration_field", "duration")
+    items = []
+    prefix = f"{path}:"  # formatted once: this loop runs once per record of manifests of millions
     numbered = [(n, text) for n, line in enumerate(read_text_lines(path), 1) if (text := line.strip())]
-    lines = [line for _, line in numbered]
-    records = _parse_all(lines)
-    # Column by column, each check one C-level pass over 100,000s of records; when a check fails,
-    # _check_jsonl_record goes record by record to name the first bad line (or accept what it converts:
-    # a duration written as a string).
-    keys = audios = seconds = None
-    if records is not None:
-        keys = [r.get(key_field) if type(r) is dict else None for r in records]
-        audios = [r.get(audio_field) for r in records] if all(type(k) is str for k in keys) else None
-    if audios is not None and all(a is None or type(a) is str for a in audios):
-        durations = [r.get(duration_field) for r in records]
-        if all(d is None or type(d) in (int, float) for d in durations):
-            seconds = [None if d is None else float(d) for d in durations]
-            if not all(s is None or (s > 0 and math.isfinite(s)) for s in seconds):
-                seconds = None
-    if seconds is None:
-        records, keys, audios, seconds = zip(*(_check_jsonl_record(f"{path}:{n}", line, spec) for n, line in numbered))
-    prefix = f"{path}:"
-    # records: the record as written; reformatting the manifest reruns its shards, a cheap price for
-    # not re-serialising 100,000 records at every plan
-    return [Item(key, prefix + str(n), audio, secs, record, {JSONL_RECORD: line})
-            for key, (n, line), audio, secs, record in zip(keys, numbered, audios, seconds, records)]
-
-
-def _check_jsonl_record(where: str, line: str, spec: dict) -> tuple:
-    """(record, key, audio, seconds) of one JSON Lines line, or a DataError naming ``where`` (file:line)."""
-    key_field = spec.get("key_field", "key")
-    audio_field = spec.get("audio_field", "audio")
-    duration_field = spec.get("duration_field", "duration")
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{where}: not valid JSON ({e.msg})") from None
-    if not isinstance(record, dict) or key_field not in record:
-        raise DataError(f"{where}: record has no key field {key_field!r}")
-    key = record[key_field]
-    if not isinstance(key, str):
-        raise DataError(f"{where}: key field {key_field!r} must be a string, got {key!r}")
-    seconds = record.get(duration_field)
-    audio = record.get(audio_field)
-    if audio is not None and not isinstance(audio, str):
-        raise DataError(f"{where}: audio field {audio_field!r} must be a path string, got {audio!r}")
-    if seconds is not None:
-        seconds = _duration(seconds, where, f"{duration_field!r} of {key!r}")
-    return record, key, audio, seconds
+    parsed = _parse_all([line for _, line in numbered])
+    for i, (line_no, line) in enumerate(numbered):
+        where = prefix + str(line_no)
+        try:
+            record = parsed[i] if parsed is not None else json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: not valid JSON ({e.msg})") from None
+        if not isinstance(record, dict) or key_field not in record:
+            raise DataError(f"{where}: record has no key field {key_field!r}")
+        key = record[key_field]
+        if not isinstance(key, str):
+            raise DataError(f"{where}: key field {key_field!r} must be a string, got {key!r}")
+        seconds = record.get(duration_field)
+        audio = record.get(audio_field)
+        if audio is not None and not isinstance(audio, str):
+            raise DataError(f"{where}: audio field {audio_field!r} must be a path string, got {audio!r}")
+        if seconds is not None:
+            seconds = _duration(seconds, where, f"{duration_field!r} of {key!r}")
+        # records: the record as written; reformatting the manifest reruns its shards, a cheap price
+        # for not re-serialising 100,000 records at every plan
+        items.append(Item(key, where, audio, seconds, record, {JSONL_RECORD: line}))
+    return items
 
 
 def _parse_all(lines: list[str]) -> list | None:

@@ -274,23 +274,25 @@ class _Runner:
         next_seq = next_out = 0
         exhausted = False
         while True:
-            # hand out items: each worker holds at most `prefetch`; ordered runs stay within `window`
-            for w in sorted(workers, key=lambda w: len(w.held)):
-                while not exhausted and len(w.held) < self.prefetch and (
-                        not self.ordered or next_seq - next_out < self.window):
-                    try:
-                        item = next(items)
-                    except StopIteration:
-                        exhausted = True
-                        break
-                    if not w.held:
-                        w.since = time.monotonic()
-                    w.held.append((next_seq, item))
-                    try:
-                        w.inbox.send((next_seq, item))
-                    except (BrokenPipeError, ConnectionResetError):
-                        self._died(w)
-                    next_seq += 1
+            # hand out items one at a time, each to the worker holding fewest (4 items, 2 workers: 2 each,
+            # not 3 and 1); each holds at most `prefetch`; ordered runs stay within `window`
+            while not exhausted and (not self.ordered or next_seq - next_out < self.window):
+                w = min(workers, key=lambda w: len(w.held))
+                if len(w.held) >= self.prefetch:
+                    break
+                try:
+                    item = next(items)
+                except StopIteration:
+                    exhausted = True
+                    break
+                if not w.held:
+                    w.since = time.monotonic()
+                w.held.append((next_seq, item))
+                try:
+                    w.inbox.send((next_seq, item))
+                except (BrokenPipeError, ConnectionResetError):
+                    self._died(w)
+                next_seq += 1
             if exhausted and not any(w.held for w in workers):
                 return
             by_conn = {w.outbox: w for w in workers}

@@ -21,6 +21,11 @@ class PocketsphinxProvider(InferenceProvider):
     def build_env(self) -> dict:
         from snakeshard.demo.pocketsphinx_asr import make_decoder
 
+        return {**self.build_parent_env(), "decoder": make_decoder(**self.config.get("decoder_options", {}))}
+
+    def build_parent_env(self) -> dict:
+        """With ``workers``, the shard job's own process runs no forward: everything but the decoder, whose
+        load (~0.4 s) only the workers need."""
         spec = self.config["dataset"]
         if spec.get("sample_rate", MODEL_RATE) != MODEL_RATE:
             raise ConfigError(f"stages.<stage>.sample_rate is {spec['sample_rate']}; the PocketSphinx en-us model "
@@ -28,7 +33,7 @@ class PocketsphinxProvider(InferenceProvider):
         return {
             # load_audio refuses any other rate, naming key and file
             "dataset": load_dataset({**spec, "sample_rate": MODEL_RATE}),
-            "decoder": make_decoder(**self.config.get("decoder_options", {})),
+            "decoder": None,
             "fail_on_keys": frozenset(self.config.get("fail_on_keys", [])),
             "item_delay": float(self.config.get("item_delay", 0)),
         }
