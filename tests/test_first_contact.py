@@ -315,7 +315,7 @@ def test_init_with_own_data_and_refusals(tmp_path):
     assert not (project / "data").exists()  # no demo copy when the user brings data
     plan = subprocess.run([CONSOLE_SCRIPT, "plan"], cwd=project, capture_output=True, text=True)
     assert config["stages"]["energy"]["sharding"] == {"shard_size": 1000}  # needs no durations; stable on append
-    assert plan.returncode == 0 and "(1 shards)" in plan.stdout and "a1 .. a3" in plan.stdout, plan.stderr
+    assert plan.returncode == 0 and "(1 shard)" in plan.stdout and "a1 .. a3" in plan.stdout, plan.stderr
 
     again = subprocess.run([CONSOLE_SCRIPT, "init", str(project)], capture_output=True, text=True)
     assert again.returncode == 1

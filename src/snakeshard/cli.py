@@ -228,7 +228,8 @@ def cmd_merge(args) -> int:
                          "(another snakemake or snakeshard run with other data or config?); run snakemake again")
     runner_cls = import_object(spec["runner"], f"stages.{spec['stage']}.runner")
     record = merge_set(Path(args.set_dir), plan, fingerprints, runner_cls)
-    print(f"merged {record['shards']} shards, {record['items']} items into {args.set_dir}: {', '.join(record['files'])}")
+    shards = f"{record['shards']} shard{'s' if record['shards'] != 1 else ''}"
+    print(f"merged {shards}, {record['items']} items into {args.set_dir}: {', '.join(record['files'])}")
     return 0
 
 
@@ -299,7 +300,7 @@ def cmd_status(args) -> int:
         plan = wf.plans[stage, ds]
         base = Path(wf.out) / stage / ds
         merged = merged_state(base, wf.inputs[stage, ds])
-        print(f"stage {stage}, dataset {ds}: {plan['num_shards']} shards")
+        print(f"stage {stage}, dataset {ds}: {plan['num_shards']} shard{'s' if plan['num_shards'] != 1 else ''}")
         for shard, expected in zip(plan["shards"], wf.shard_inputs[stage, ds]):
             n = shard["shard"]
             shard_dir = base / f"split.{n}"

@@ -216,6 +216,6 @@ def format_plan_table(plan: dict, title: str = "") -> str:
         secs = f"{s['seconds']:.1f}" if s["seconds"] is not None else "-"
         rows.append(f"{s['shard']:>6} {s['items']:>8} {secs:>10}  {s['first_key']} .. {s['last_key']}")
     total = f"{plan['total_seconds']:.1f}" if plan["total_seconds"] is not None else "-"
-    rows.append(f"{'total':>6} {plan['num_items']:>8} {total:>10}  ({plan['num_shards']} shards)")
+    rows.append(f"{'total':>6} {plan['num_items']:>8} {total:>10}  ({plan['num_shards']} shard{'s' if plan['num_shards'] != 1 else ''})")
     head = [title] if title else []
     return "\n".join(head + rows)
