@@ -1,5 +1,6 @@
 """What keeps a shard job's fixed cost down: one pending scheduler wake-up, no pandas import in the driver,
-a job that imports no tqdm, progress as log lines. The cost itself is measured in bench/job_overhead.py, never asserted on time."""
+a job that imports no tqdm, progress as log lines. The cost itself is measured in bench/job_overhead.py,
+never asserted on time."""
 
 from __future__ import annotations
 

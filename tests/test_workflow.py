@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-
 from conftest import keep_only_stage, read_config, run_cli, run_snakemake, shard_process, wait_for, write_config
 
 SET = Path("results/asr/demo")

@@ -217,6 +217,7 @@ def _start_pool(spec: dict, job_devices: list[str]):
 def cmd_merge(args) -> int:
     from snakeshard.errors import MergeError
     from snakeshard.merge import merge_set
+    from snakeshard.plan import shards_text
     from snakeshard.workflow import import_object, read_fingerprints
 
     spec = json.loads(Path(args.spec).read_text())
@@ -228,8 +229,8 @@ def cmd_merge(args) -> int:
                          "(another snakemake or snakeshard run with other data or config?); run snakemake again")
     runner_cls = import_object(spec["runner"], f"stages.{spec['stage']}.runner")
     record = merge_set(Path(args.set_dir), plan, fingerprints, runner_cls)
-    shards = f"{record['shards']} shard{'s' if record['shards'] != 1 else ''}"
-    print(f"merged {shards}, {record['items']} items into {args.set_dir}: {', '.join(record['files'])}")
+    print(f"merged {shards_text(record['shards'])}, {record['items']} items into {args.set_dir}: "
+          f"{', '.join(record['files'])}")
     return 0
 
 
@@ -292,6 +293,7 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple
 
 
 def cmd_status(args) -> int:
+    from snakeshard.plan import shards_text
     from snakeshard.workflow import stage_sets
 
     wf = _workflow(args)
@@ -300,7 +302,7 @@ def cmd_status(args) -> int:
         plan = wf.plans[stage, ds]
         base = Path(wf.out) / stage / ds
         merged = merged_state(base, wf.inputs[stage, ds])
-        print(f"stage {stage}, dataset {ds}: {plan['num_shards']} shard{'s' if plan['num_shards'] != 1 else ''}")
+        print(f"stage {stage}, dataset {ds}: {shards_text(plan['num_shards'])}")
         for shard, expected in zip(plan["shards"], wf.shard_inputs[stage, ds]):
             n = shard["shard"]
             shard_dir = base / f"split.{n}"

@@ -33,7 +33,8 @@ from snakeshard.data import (SHARD_ITEMS, Item, check_audio_exists, fill_duratio
 from snakeshard.errors import ConfigError
 from snakeshard.fingerprint import digest, keys_digest, keys_text
 
-PLAN_FORMAT = 4  # 2: per-shard record digests and audio_files.json; 3: split.N/items.json; 4: its items and fields apart
+# 2: per-shard record digests and audio_files.json; 3: split.N/items.json; 4: its items and fields apart
+PLAN_FORMAT = 4
 AUDIO_FILES = "audio_files.json"  # beside plan.json: per shard, the audio files it reads
 DATASET_FILES = ("wav.scp", "segments", "utt2dur", "text", "utt2spk")
 
@@ -209,6 +210,11 @@ def read_shard_keys(shard_dir: str | os.PathLike) -> list[str]:
     return read_keys_file(shard_dir)[0]
 
 
+def shards_text(n: int) -> str:
+    """``1 shard``, ``2 shards``."""
+    return f"{n} shard" if n == 1 else f"{n} shards"
+
+
 def format_plan_table(plan: dict, title: str = "") -> str:
     """A human table: shard, items, seconds, first and last key."""
     rows = [f"{'shard':>6} {'items':>8} {'seconds':>10}  first_key .. last_key"]
@@ -216,6 +222,6 @@ def format_plan_table(plan: dict, title: str = "") -> str:
         secs = f"{s['seconds']:.1f}" if s["seconds"] is not None else "-"
         rows.append(f"{s['shard']:>6} {s['items']:>8} {secs:>10}  {s['first_key']} .. {s['last_key']}")
     total = f"{plan['total_seconds']:.1f}" if plan["total_seconds"] is not None else "-"
-    rows.append(f"{'total':>6} {plan['num_items']:>8} {total:>10}  ({plan['num_shards']} shard{'s' if plan['num_shards'] != 1 else ''})")
+    rows.append(f"{'total':>6} {plan['num_items']:>8} {total:>10}  ({shards_text(plan['num_shards'])})")
     head = [title] if title else []
     return "\n".join(head + rows)

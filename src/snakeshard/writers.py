@@ -191,10 +191,11 @@ def _json_default(value):
 
 
 def line_encoder(allow_nan: bool):
-    """``encode(value) -> str``: the text ``json.JSONEncoder(ensure_ascii=False).encode`` gives (numpy and torch
-    values as lists, circular references refused). Made once per field: ``JSONEncoder.encode`` builds its C encoder again
-    at every call, a third of the cost of encoding a small record (50,000 alignment records: 0.28 s vs
-    0.18 s). Falls back to ``encode`` where the C encoder is missing or takes other arguments."""
+    """``encode(value) -> str``: the text ``json.JSONEncoder(ensure_ascii=False).encode`` gives (numpy and
+    torch values as lists, circular references refused). Made once per field: ``JSONEncoder.encode``
+    builds its C encoder again at every call, a third of the cost of encoding a small record (50,000
+    alignment records: 0.28 s vs 0.18 s). Falls back to ``encode`` where the C encoder is missing or takes
+    other arguments."""
     encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=allow_nan, default=_json_default)
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:
