@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import re
 import os
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -363,6 +363,30 @@ def test_each_shard_gets_its_slice_of_the_dataset(tmp_path):
             assert part[key] == full[key] and part._items[key].source == full._items[key].source
     with pytest.raises(KeyError, match=r"'u00': not in this shard job's slice of the dataset .*split\.3/items\.json"):
         part["u00"]
+
+
+def test_a_jsonl_slice_holds_each_record_as_written(tmp_path):
+    """A JSON Lines shard's slice splices each record's line in as written (no re-encoding): the fields a job
+    sees equal the full dataset's, whatever the line's spacing, escapes or non-ASCII text."""
+    from snakeshard.data import SHARD_ITEMS, load_dataset
+
+    lines = ['{"key": "a", "text": "caf\\u00e9", "n": [1, {"x": null}]}',
+             '{ "key" : "b" , "text" : "naïve", "duration": 2 }',
+             '{"key":"c","text":"tab\\there","ok":true}',
+             '{"key": "d", "text": "\\"quoted\\""}']
+    path = tmp_path / "set.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    spec = {"path": str(path), "format": "jsonl"}
+    set_dir = tmp_path / "set"
+    ensure_plan(set_dir, spec, {"shard_size": 2})
+    full = load_dataset(spec)
+    for n, keys in enumerate([["a", "b"], ["c", "d"]]):
+        part = load_dataset({**spec, "shard_items": str(set_dir / f"split.{n}" / SHARD_ITEMS)})
+        assert part.keys == keys
+        for key in keys:
+            assert part[key] == full[key] and part._items[key].source == full._items[key].source
+            assert part._items[key].seconds == full._items[key].seconds
+    assert full["a"]["text"] == "café" and full["b"]["text"] == "naïve" and full["d"]["text"] == '"quoted"'
 
 
 def test_a_replan_rewrites_the_slices(tmp_path):

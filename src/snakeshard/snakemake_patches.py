@@ -67,14 +67,13 @@ def param_serializer(self):
     return lambda value: serialize_param(self, value)
 
 
-def _replace(cls, name: str, new, marked) -> bool:
-    """``cls.name = new`` once (``marked``, the function inside ``new``, says it is ours); False when
-    ``cls`` has no such attribute."""
+def _replace(cls, name: str, new) -> bool:
+    """``cls.name = new`` (a function or a property) once; False when ``cls`` has no such attribute."""
     original = cls.__dict__.get(name)
     if original is None:
         return False
-    if not getattr(getattr(original, "fget", original), _PATCHED, False):
-        setattr(marked, _PATCHED, True)
+    if not getattr(getattr(original, "fget", original), _PATCHED, False):  # a property is marked on its getter
+        setattr(getattr(new, "fget", new), _PATCHED, True)
         setattr(cls, name, new)
     return True
 
@@ -87,8 +86,7 @@ def apply() -> dict[str, bool]:
         from snakemake.scheduling.job_scheduler import JobScheduler
     except ImportError:  # another Snakemake layout: leave it as it is
         return applied
-    applied["scheduler"] = _replace(JobScheduler, "_schedule_reevalutation", coalesced_reevaluation,
-                                    coalesced_reevaluation)
+    applied["scheduler"] = _replace(JobScheduler, "_schedule_reevalutation", coalesced_reevaluation)
     if all(hasattr(PersistenceBase, m) for m in ("_serialize_param_pandas", "_serialize_param_builtin")):
-        applied["params"] = _replace(PersistenceBase, "_serialize_param", property(param_serializer), param_serializer)
+        applied["params"] = _replace(PersistenceBase, "_serialize_param", property(param_serializer))
     return applied

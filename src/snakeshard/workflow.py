@@ -400,7 +400,7 @@ def run_spec(config: dict, stage: str, dataset: str) -> dict:
         "report_seconds": "shard_seconds" in (s.get("sharding") or {}),  # progress in audio seconds too
         "gpus": requested_gpus(s.get("resources") or {}),
         "pool": pool_spec(s),  # not in the fingerprint: a pool gives the same results
-        "shards_per_job": int(s.get("shards_per_job", 1)),  # nor this: how shards are grouped into jobs
+        "shards_per_job": stage_shards_per_job(s),  # nor this: how shards are grouped into jobs
         "dataset": dataset,
     }
 
@@ -564,7 +564,7 @@ class Workflow:
         return self.plans[stage, dataset]["num_shards"]
 
     def shards_per_job(self, stage: str) -> int:
-        return int(self.config["stages"][stage].get("shards_per_job", 1))
+        return stage_shards_per_job(self.config["stages"][stage])
 
     def job_done_files(self, stage: str, dataset: str) -> list[str]:
         """What the merge waits for: each shard job's output (with ``shards_per_job``, one per K shards)."""
@@ -575,6 +575,11 @@ class Workflow:
         """(log, output) of the job that runs ``shard``: its own, or its group's with ``shards_per_job``."""
         return shard_job_files(set_dir(self.config, stage, dataset), shard, self.shards_per_job(stage),
                                self.num_shards(stage, dataset))
+
+
+def stage_shards_per_job(stage_config: dict) -> int:
+    """A stage's ``shards_per_job``: K consecutive shards per job (default 1, a job per shard)."""
+    return int(stage_config.get("shards_per_job", 1))
 
 
 def shard_job_files(base: str, shard: int, shards_per_job: int, num_shards: int) -> tuple[str, str]:
