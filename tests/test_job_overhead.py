@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import subprocess
 import sys
 import threading
 import time
 
+import pytest
+
+from conftest import run_snakemake
 from snakeshard import snakemake_patches
 from snakeshard.progress import ProgressLog
 
@@ -64,13 +68,17 @@ import json, sys
 from snakemake.persistence import PersistenceBase, UNREPRESENTABLE
 from snakeshard import snakemake_patches
 snakemake_patches.apply()
+# With the slurm extra installed, Snakemake's plugin registry has imported pandas already (the plugin
+# imports it): then there is nothing left to check, and "pandas_before" says so.
+pandas_before = "pandas" in sys.modules
 class Persistence(PersistenceBase):  # only the serializers are used: no __init__, no abstract methods
     pass
 Persistence.__abstractmethods__ = frozenset()
 p = object.__new__(Persistence)
 values = ["results/score/big", 3, None, ["a", 1], {"k": 2.5}]
 texts = [p._serialize_param(v) for v in values]
-out = {"texts": texts, "object": p._serialize_param(object()) is UNREPRESENTABLE, "pandas": "pandas" in sys.modules}
+out = {"texts": texts, "object": p._serialize_param(object()) is UNREPRESENTABLE, "pandas": "pandas" in sys.modules,
+       "pandas_before": pandas_before}
 try:
     import pandas as pd
 except ImportError:
@@ -92,8 +100,10 @@ def test_recording_params_imports_no_pandas_and_records_the_same_text():
                                     check=True).stdout)
     assert out["texts"] == ["'results/score/big'", "3", "None", "['a', 1]", "{'k': 2.5}"]
     assert out["object"] is True
-    assert out["pandas"] is False
     assert out.get("frame", True) is True  # checked where pandas is installed (the slurm extra pulls it)
+    if out["pandas_before"]:  # the slurm extra's plugin imported it at start: the patch cannot save it
+        pytest.skip("pandas was imported before any param was recorded (the slurm extra is installed)")
+    assert out["pandas"] is False
 
 
 def test_a_shard_job_imports_neither_tqdm_nor_multiprocessing(tmp_path):
@@ -130,3 +140,86 @@ def test_a_short_job_prints_no_progress_line():
     p.update(5)
     p.close()
     assert log.getvalue() == ""
+
+
+# -- what a shard job imports before its first item (bench/job_overhead.py measures the cost) --
+
+# Stdlib modules a shard job used to import and no longer needs -> what they were for, what they cost
+# the job (CPU, bench machine) and what replaced them.
+NOT_IN_A_JOB = {
+    "argparse": "the whole CLI parser (~5 ms with gettext, locale, shutil): cli._job_args parses the rule's options",
+    "inspect": "forward's signature (~10 ms): contract.forward_parameters reads a plain function's code",
+    "dataclasses": "Item and Audio (~12 ms with inspect): plain classes with slots",
+    "typing": "annotations only (~3 ms)",
+    "tempfile": "atomic writes' temp name (~4 ms): atomic._create_temp_beside",
+    "shutil": "removing a failed attempt's dirs (~2 ms): imported only then",
+    "traceback": "printing a failure (~3 ms): imported only then",
+    "hashlib": "OpenSSL (~3 ms) for a few kB of digests: fingerprint uses CPython's own SHA-256 for small inputs",
+    "ast": "the parse-time check of import paths (~5 ms with importlib.util): user_code imports directly",
+}
+
+
+def test_a_shard_job_imports_none_of_the_costly_stdlib_modules(toy_workdir):
+    """A real shard job, run with the command line Snakemake gives it, finishes its shard without importing
+    any module of NOT_IN_A_JOB (each cost every job milliseconds before its first item)."""
+    dry = run_snakemake(toy_workdir, "-n", "-p")
+    assert dry.returncode == 0, dry.stderr
+    command = next(line for line in dry.stdout.splitlines() if "run-shard --shard 1 " in line)
+    args = shlex.split(command.split("-m snakeshard ", 1)[1])
+    modules = toy_workdir / "modules.json"
+    # `python -m snakeshard ARGS`, recording at exit which modules the job had imported
+    record = ("import atexit, json, sys, runpy; "
+              f"atexit.register(lambda: open({str(modules)!r}, 'w').write(json.dumps(sorted(sys.modules)))); "
+              "sys.argv = ['snakeshard', *sys.argv[1:]]; runpy.run_module('snakeshard', run_name='__main__')")
+    job = subprocess.run([sys.executable, "-c", record, *args], cwd=toy_workdir, capture_output=True, text=True)
+    assert job.returncode == 0, job.stderr + (toy_workdir / "results/upper/toy/logs/split.1.log").read_text()
+    assert (toy_workdir / "results/upper/toy/split.1/done").is_file()
+    imported = set(json.loads(modules.read_text()))
+    assert "snakeshard.shard" in imported and "toy" in imported  # it did run the shard loop and the runner
+    assert sorted(imported & NOT_IN_A_JOB.keys()) == []
+
+
+def test_the_job_parser_gives_what_argparse_gives_and_leaves_the_rest_to_it():
+    """cli._job_args parses the rules' run-shard and run-shards lines as argparse does; anything else (a
+    missing or unknown option, both of two exclusive ones, a bad shard number, --help) it leaves to argparse,
+    which words the error."""
+    from snakeshard.cli import _job_args, build_parser
+
+    rule_lines = [
+        "run-shard --shard 3 --spec r/s/t/spec.json --shard-dir r/s/t/split.3 --shard-inputs a:b:c:d --log l/split.3.log",
+        "run-shard --shard canary --spec r/s/_canary/spec.json --shard-dir r/s/_canary --fingerprint f0 --log l/c.log",
+        "run-shard --spec x.json --shard 0 --shard-dir d --fingerprint f",  # any order, no --log
+        "run-shards --shards 0-9 --spec s.json --set-dir r/s/t --shard-inputs a,b --done r/s/t/jobs/shards.0-9.done "
+        "--log l/j.log",
+    ]
+    for line in rule_lines:
+        argv = line.split()
+        fast, full = vars(_job_args(argv)), vars(build_parser().parse_args(argv))
+        assert fast == full, line
+    for line in [
+        "run-shard --shard 3 --spec s.json --shard-inputs a",  # --shard-dir missing
+        "run-shard --shard 3 --spec s.json --shard-dir d --shard-inputs a --fingerprint f",  # both
+        "run-shard --shard 3 --spec s.json --shard-dir d",  # neither
+        "run-shard --shard three --spec s.json --shard-dir d --fingerprint f",  # not a number
+        "run-shard --shard 3 --spec s.json --shard-dir d --fingerprint f --shard 4",  # given twice
+        "run-shard --shard 3 --spec s.json --shard-dir d --fingerprint f --verbose x",  # unknown
+        "run-shard --help",
+        "run-shards --shards 9-0 --spec s --set-dir d --shard-inputs a --done x",  # LAST < FIRST
+        "run-shards --shards=0-9 --spec s --set-dir d --shard-inputs a --done x",  # = form
+        "merge --spec s --set-dir d --inputs i",  # not a job command
+        "",
+    ]:
+        assert _job_args(line.split()) is None, line
+
+
+def test_small_and_large_digests_are_sha256_as_hashlib_gives_them():
+    """fingerprint.digest_bytes takes CPython's own SHA-256 up to SMALL_DIGEST_BYTES and OpenSSL's above:
+    the digests are hashlib.sha256's either way (plans and shard fingerprints must not change)."""
+    import hashlib
+
+    from snakeshard.fingerprint import SMALL_DIGEST_BYTES, digest, digest_bytes
+
+    for data in [b"", b"k0001\n", bytes(range(256)) * 1000, b"x" * SMALL_DIGEST_BYTES, b"y" * (SMALL_DIGEST_BYTES + 1),
+                 b"z" * (5 * SMALL_DIGEST_BYTES + 3)]:
+        assert digest_bytes(data) == hashlib.sha256(data).hexdigest()[:20]
+    assert digest("clé") == hashlib.sha256("clé".encode()).hexdigest()[:20]

@@ -7,13 +7,12 @@ message naming key, shard and file, and exit 1.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
 import sys
-import traceback
 from pathlib import Path
+from types import SimpleNamespace
 
 from snakeshard.errors import SnakeshardError
 
@@ -98,7 +97,7 @@ def _run_shard(args, spec: dict) -> int:
 def _job_env(spec: dict, label: str):
     """What a job builds once, whatever number of shards it runs: (runner class, env, pool or None)."""
     from snakeshard.devices import job_devices
-    from snakeshard.workflow import import_object
+    from snakeshard.user_code import import_object
 
     where = f"stages.{spec['stage']}"
     runner_cls = import_object(spec["runner"], f"{where}.runner")
@@ -218,7 +217,8 @@ def cmd_merge(args) -> int:
     from snakeshard.errors import MergeError
     from snakeshard.merge import merge_set
     from snakeshard.plan import shards_text
-    from snakeshard.workflow import import_object, read_fingerprints
+    from snakeshard.user_code import import_object
+    from snakeshard.workflow import read_fingerprints
 
     spec = json.loads(Path(args.spec).read_text())
     plan = json.loads((Path(args.set_dir) / "plan.json").read_text())
@@ -237,7 +237,7 @@ def cmd_merge(args) -> int:
 def cmd_report(args) -> int:
     """Draw one of a runner's report files (its ``reports``) from the current merged output."""
     from snakeshard.merge import require_current
-    from snakeshard.workflow import import_object
+    from snakeshard.user_code import import_object
 
     spec = json.loads(Path(args.spec).read_text())
     require_current(args.set_dir, args.inputs)  # never draw a stale merge
@@ -355,6 +355,8 @@ def _shard_id(text: str) -> int | str:
 def _shard_range(text: str) -> tuple[int, int]:
     first, sep, last = text.partition("-")
     if not sep or int(last) < int(first):
+        import argparse
+
         raise argparse.ArgumentTypeError(f"{text!r}: expected FIRST-LAST, e.g. 0-15")
     return int(first), int(last)
 
@@ -369,7 +371,45 @@ def cmd_init(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The commands the workflow's rules run once per job, with their options as the rules write them:
+# (required, optional, at most one of, converters). A job parses these itself (_job_args): building the
+# argparse parser costs every shard job ~5 ms (gettext, locale, shutil). Anything else, a typo or --help
+# included, goes through argparse (build_parser), which holds the same options and gives the messages.
+JOB_COMMANDS = {
+    "run-shard": ({"--spec", "--shard", "--shard-dir"}, {"--shard-inputs", "--fingerprint", "--log"},
+                  {"--shard-inputs", "--fingerprint"}, {"--shard": _shard_id}),
+    "run-shards": ({"--spec", "--shards", "--set-dir", "--shard-inputs", "--done"}, {"--log"}, set(),
+                   {"--shards": _shard_range}),
+}
+
+
+def _job_args(argv: list[str]):
+    """The arguments of a job command written as the rules write it (only ``--option value`` pairs, each
+    known, the required ones there): what argparse would give. None for anything else."""
+    if not argv or argv[0] not in JOB_COMMANDS or len(argv) % 2 != 1:
+        return None
+    required, optional, one_of, convert = JOB_COMMANDS[argv[0]]
+    given = dict(zip(argv[1::2], argv[2::2]))
+    if (len(given) != len(argv) // 2 or not required <= given.keys() <= required | optional
+            or (one_of and len(one_of & given.keys()) != 1)):
+        return None
+    values = {}
+    for option in sorted(required | optional):
+        value = given.get(option)
+        if value is not None and option in convert:
+            try:
+                value = convert[option](value)
+            except Exception:  # argparse words the error
+                return None
+        values[option[2:].replace("-", "_")] = value
+    func = {"run-shard": cmd_run_shard, "run-shards": cmd_run_shards}[argv[0]]
+    return SimpleNamespace(command=argv[0], func=func, **values)
+
+
+def build_parser():
+    """The whole command line (argparse.ArgumentParser), imported here: see JOB_COMMANDS."""
+    import argparse
+
     p = argparse.ArgumentParser(prog="snakeshard", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -442,7 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     # the project's own runner modules (my_stage.py beside the Snakefile) must import either way.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    args = build_parser().parse_args(argv)
+    if argv is None:
+        argv = sys.argv[1:]
+    args = _job_args(argv) or build_parser().parse_args(argv)
     # A job (run-shard, merge) writes its own log, keeping a handle on the stderr it was started
     # with: Snakemake's own output, where its error line is echoed (a full disk can swallow the log).
     console = _log_to(args.log) if getattr(args, "log", None) else None
@@ -489,6 +531,8 @@ def _report(line: str, cause: BaseException | None, console: int | None) -> None
     ``console``, whether or not the log could take it."""
     try:
         if cause is not None:
+            import traceback  # only on failure: its imports cost every job ~3 ms
+
             traceback.print_exception(cause, file=sys.stderr)
         print(line, file=sys.stderr, flush=True)
     except OSError:  # the log's disk is full: the console line below still carries the cause

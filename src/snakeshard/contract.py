@@ -15,12 +15,15 @@ Kept compatible in spirit with ESPnet3's parallel runner:
 
 from __future__ import annotations
 
-import inspect
-from pathlib import Path
-from typing import Callable
-
 from snakeshard.errors import ContractError
 from snakeshard.writers import FieldWriters
+
+# Names used only in annotations: importing them costs a shard job ~10 ms before its first item
+# (pathlib, typing). Type checkers read a module-level TYPE_CHECKING = False as typing's.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
 
 # Names the shard loop passes to hooks itself; an env entry with one of these names would clash.
 RESERVED_ENV_NAMES = frozenset({"shard_dir", "writers", "result", "state"})
@@ -179,25 +182,65 @@ def injected_kwargs(runner_cls: type, env: dict) -> dict:
     clashes = sorted(RESERVED_ENV_NAMES & set(env))
     if clashes:
         raise ContractError(f"env key {clashes[0]!r} from the provider clashes with a name {name} hooks reserve; rename it")
-    if not isinstance(inspect.getattr_static(runner_cls, "forward"), staticmethod):
+    if not isinstance(_class_attribute(runner_cls, "forward"), staticmethod):
         raise ContractError(f"{name}.forward must be a @staticmethod")
-    params = list(inspect.signature(runner_cls.forward).parameters.values())
-    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+    first, named, required, takes_any = forward_parameters(runner_cls.forward)
+    if first is None:
         raise ContractError(f"{name}.forward must take the key (or batch of keys) as its first positional parameter")
-    first = params[0].name
     if first in env:
         raise ContractError(f"env key {first!r} clashes with the first parameter of {name}.forward; rename one")
-    if any(p.kind is p.VAR_KEYWORD for p in params):
+    if takes_any:
         return dict(env)
-    kwargs = {}
-    for p in params[1:]:
-        if p.name in env:
-            kwargs[p.name] = env[p.name]
-        elif p.default is inspect.Parameter.empty:
-            raise ContractError(
-                f"{name}.forward needs env key {p.name!r}, but the provider gave only {sorted(env)}"
-            )
-    return kwargs
+    missing = [p for p in required if p not in env]
+    if missing:
+        raise ContractError(f"{name}.forward needs env key {missing[0]!r}, but the provider gave only {sorted(env)}")
+    return {p: env[p] for p in named if p in env}
+
+
+def _class_attribute(cls: type, name: str):
+    """``name`` as stored in the class dicts of ``cls``'s MRO (a staticmethod stays one), like
+    ``inspect.getattr_static`` for a class attribute."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return None
+
+
+_VARARGS, _VARKEYWORDS = 0x04, 0x08  # code flags CO_VARARGS, CO_VARKEYWORDS
+
+
+def forward_parameters(forward) -> tuple[str | None, list[str], set[str], bool]:
+    """What injection needs of ``forward``'s signature: the first positional parameter's name (None if
+    there is none), the names after it, those of them without a default, and whether it takes ``**env``.
+
+    A plain function is read from its code object: `inspect` costs ~10 ms to import, in every shard job
+    before its first item. Anything else (a decorated function with ``__wrapped__``, a partial, a
+    callable object) goes through ``inspect.signature``, which knows all of them.
+    """
+    code = getattr(forward, "__code__", None)
+    if code is None or hasattr(forward, "__wrapped__") or not hasattr(forward, "__defaults__"):
+        return _parameters_by_inspect(forward)
+    n_positional, n_keyword_only = code.co_argcount, code.co_kwonlyargcount
+    positional = list(code.co_varnames[:n_positional])
+    keyword_only = list(code.co_varnames[n_positional:n_positional + n_keyword_only])
+    takes_any = bool(code.co_flags & _VARKEYWORDS)
+    if not positional:
+        return None, [], set(), takes_any
+    n_defaults = len(forward.__defaults__ or ())
+    required = set(positional[1:n_positional - n_defaults])
+    required |= {p for p in keyword_only if p not in (forward.__kwdefaults__ or {})}
+    return positional[0], positional[1:] + keyword_only, required, takes_any
+
+
+def _parameters_by_inspect(forward) -> tuple[str | None, list[str], set[str], bool]:
+    import inspect
+
+    params = list(inspect.signature(forward).parameters.values())
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
+    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        return None, [], set(), takes_any
+    named = [p for p in params[1:] if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return (params[0].name, [p.name for p in named], {p.name for p in named if p.default is p.empty}, takes_any)
 
 
 def overrides(runner_cls: type, hook: str) -> bool:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from snakeshard.errors import DataError
@@ -32,21 +31,40 @@ MAX_LISTED = 5  # how many offending keys an error message lists
 # The per-key Kaldi files a stage's forward can see through the dataset (text and utt2spk as fields).
 KALDI_RECORD_FILES = ("wav.scp", "segments", "text", "utt2spk")
 JSONL_RECORD = "jsonl"
+_NEW_DICT = object()  # Item's default for records: a new dict (None is a value: "not read")
 
 
-@dataclass(slots=True)  # a shard job holds one per key of its dataset: no per-instance __dict__
 class Item:
-    """One dataset entry: its key, where it was declared, and what planning may need."""
+    """One dataset entry: its key, where it was declared, and what planning may need.
 
-    key: str
-    source: str  # "file:line" where the key was declared
-    audio: str | None = None  # a path, or a Kaldi pipe command ending in "|"
-    seconds: float | None = None
-    fields: dict = field(default_factory=dict)  # text, spk, start, end, or jsonl fields
-    # What the key stands for, per source file, as written there: the wav.scp value, the segments
-    # line, the text and utt2spk values; for JSON Lines, the record. Shard fingerprints cover these.
-    # None when read for a job (load_dataset), which never digests them.
-    records: dict | None = field(default_factory=dict)
+    A plain class with slots, not a dataclass: importing dataclasses (and with it inspect) costs a
+    shard job ~12 ms before its first item, and a job holds one Item per key of its slice.
+    """
+
+    __slots__ = ("key", "source", "audio", "seconds", "fields", "records")
+
+    def __init__(self, key: str, source: str, audio: str | None = None, seconds: float | None = None,
+                 fields: dict | None = None, records: dict | None = _NEW_DICT):
+        self.key = key
+        self.source = source  # "file:line" where the key was declared
+        self.audio = audio  # a path, or a Kaldi pipe command ending in "|"
+        self.seconds = seconds
+        self.fields = {} if fields is None else fields  # text, spk, start, end, or jsonl fields
+        # What the key stands for, per source file, as written there: the wav.scp value, the segments
+        # line, the text and utt2spk values; for JSON Lines, the record. Shard fingerprints cover these.
+        # None when read for a job (load_dataset), which never digests them.
+        self.records = {} if records is _NEW_DICT else records
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other):
+        return self._values() == other._values() if type(other) is Item else NotImplemented
+
+    __hash__ = None  # mutable, compared by value
+
+    def __repr__(self) -> str:
+        return "Item(" + ", ".join(f"{name}={value!r}" for name, value in zip(self.__slots__, self._values())) + ")"
 
 
 def read_text_lines(path: Path) -> list[str]:

@@ -22,7 +22,6 @@ start-up do not grow with the dataset (a 1M-key dataset is read once, here, not 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -117,7 +116,7 @@ def input_signature(dataset: dict, sharding: dict) -> str:
         except FileNotFoundError:
             pass
     payload = json.dumps([PLAN_FORMAT, dataset, sharding, stats], sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+    return digest(payload)
 
 
 def records_digests(shard: list[Item]) -> dict[str, str]:

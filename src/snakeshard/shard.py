@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -40,6 +39,8 @@ def clear_shard_dir(shard_dir: Path) -> str:
         if entry.name in KEEP_ON_CLEAR:
             continue
         if entry.is_dir(follow_symlinks=False):
+            import shutil  # only after a failed attempt: its imports cost every job ~2 ms
+
             shutil.rmtree(entry.path)
         else:
             os.unlink(entry.path)

@@ -16,7 +16,7 @@ from snakeshard.pool import OrderedRunner, UnorderedRunner
 
 def _init(device, cfg):
     from snakeshard.contract import injected_kwargs
-    from snakeshard.workflow import import_object
+    from snakeshard.user_code import import_object
 
     provider_cls = import_object(cfg.provider, "provider")
     runner_cls = import_object(cfg.runner, "runner")

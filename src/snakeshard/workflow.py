@@ -347,19 +347,6 @@ class _AnyName:
         return True
 
 
-def import_object(path: str, where: str = "import path"):
-    """``package.module.Name`` -> the object; errors name the path and the stage key."""
-    import importlib
-
-    check_import_path(path, where)
-    module, _, attr = path.rpartition(".")
-    try:
-        obj = getattr(importlib.import_module(module), attr)
-    except AttributeError:
-        raise ConfigError(f"{where}: module {module!r} has no attribute {attr!r}") from None
-    return obj
-
-
 def output_dir(config: dict) -> str:
     return config.get("output_dir", "results")
 
