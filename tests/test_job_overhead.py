@@ -57,9 +57,48 @@ def test_the_patches_replace_snakemakes_methods_once():
     from snakemake.persistence import PersistenceBase
     from snakemake.scheduling.job_scheduler import JobScheduler
 
-    assert snakemake_patches.apply() == snakemake_patches.apply() == {"scheduler": True, "params": True}  # idempotent
+    applied = {"scheduler": True, "params": True, "input_sizes": True}
+    assert snakemake_patches.apply() == snakemake_patches.apply() == applied  # idempotent
     assert JobScheduler._schedule_reevalutation is snakemake_patches.coalesced_reevaluation
+    assert JobScheduler.update_input_sizes is snakemake_patches.input_sizes_once
     assert PersistenceBase._serialize_param.fget is snakemake_patches.param_serializer
+
+
+class FakeInput:
+    """An input file as the scheduler sees it (Snakemake's _IOFile): async exists() and size(), counted."""
+
+    def __init__(self, name: str, size: int | None, stats: list):
+        self.name, self._size, self.stats = name, size, stats
+
+    async def exists(self) -> bool:
+        self.stats.append(self.name)
+        return self._size is not None
+
+    async def size(self) -> int:
+        self.stats.append(self.name)
+        return self._size
+
+
+def test_input_sizes_are_read_once_per_file_and_a_missing_one_again():
+    """The patched JobScheduler.update_input_sizes records the same sizes as Snakemake's, but a later pass
+    over the same ready jobs stats nothing again, except a file it saw missing (which may exist now)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    stats: list[str] = []
+    canary, keys = FakeInput("canary/done", 0, stats), [FakeInput(f"split.{n}/keys", 6 + n, stats) for n in range(3)]
+    late = FakeInput("upstream/merged.json", None, stats)
+    jobs = [SimpleNamespace(input=[canary, k]) for k in keys] + [SimpleNamespace(input=[late])]
+    scheduler = SimpleNamespace(_input_sizes={})
+    asyncio.run(snakemake_patches.input_sizes_once(scheduler, jobs))
+    assert scheduler._input_sizes == {canary: 0, keys[0]: 6, keys[1]: 7, keys[2]: 8, late: None}
+    assert sorted(stats) == sorted(["canary/done"] * 2 + [f"split.{n}/keys" for n in range(3) for _ in "es"]
+                                   + ["upstream/merged.json"])
+    stats.clear()
+    late._size = 12  # the missing one appears
+    asyncio.run(snakemake_patches.input_sizes_once(scheduler, jobs))
+    assert stats == ["upstream/merged.json", "upstream/merged.json"]  # only it, exists() then size()
+    assert scheduler._input_sizes[late] == 12
 
 
 # Run in a fresh interpreter: whether pandas gets imported is the point.
