@@ -372,9 +372,10 @@ def cmd_init(args) -> int:
 
 
 # The commands the workflow's rules run once per job, with their options as the rules write them:
-# (required, optional, at most one of, converters). A job parses these itself (_job_args): building the
-# argparse parser costs every shard job ~5 ms (gettext, locale, shutil). Anything else, a typo or --help
-# included, goes through argparse (build_parser), which holds the same options and gives the messages.
+# (required, optional, exactly one of (when not empty), converters). A job parses these itself
+# (_job_args): building the argparse parser costs every shard job ~5 ms (gettext, locale, shutil).
+# Anything else, a typo or --help included, goes through argparse (build_parser), which holds the
+# same options and gives the messages.
 JOB_COMMANDS = {
     "run-shard": ({"--spec", "--shard", "--shard-dir"}, {"--shard-inputs", "--fingerprint", "--log"},
                   {"--shard-inputs", "--fingerprint"}, {"--shard": _shard_id}),

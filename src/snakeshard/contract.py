@@ -206,7 +206,7 @@ def _class_attribute(cls: type, name: str):
     return None
 
 
-_VARARGS, _VARKEYWORDS = 0x04, 0x08  # code flags CO_VARARGS, CO_VARKEYWORDS
+_VARKEYWORDS = 0x08  # the code flag inspect.CO_VARKEYWORDS: the function takes **kwargs
 
 
 def forward_parameters(forward) -> tuple[str | None, list[str], set[str], bool]:

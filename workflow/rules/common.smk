@@ -13,8 +13,9 @@ from snakeshard.workflow import (SLURM_PASSTHROUGH, Workflow, runner_reports, st
                                  validate_config)
 from snakeshard import snakemake_patches
 
-# Two costs of Snakemake 9's driver: a scheduler wake-up per second per finished job, and a pandas import
-# when the first job ends, which holds up the next (see the module).
+# Three costs of Snakemake 9's driver: a scheduler wake-up per second per finished job, a pandas import
+# when the first job ends, which holds up the next, and every ready job's inputs stat'ed again before
+# every scheduling pass (see the module).
 snakemake_patches.apply()
 
 # Found next to this file, so the workflow works as a module from any directory.
