@@ -301,3 +301,25 @@ def test_plan_cli_on_malformed_field_names_file_and_line(toy, edit, expected):
     assert len(lines) == 1 and lines[0].startswith(ERROR_PREFIX), proc.stderr
     for text in expected:
         assert text in lines[0]
+
+
+def test_a_job_imports_the_users_class_and_explains_each_failure(tmp_path, monkeypatch):
+    """user_code.import_object, what a job calls for stages.X.runner/provider: a class it finds is returned;
+    a path naming no module or no class (the module removed or edited after the parse) raises the parse-time
+    check's ConfigError naming the config key; a module that is there but fails in its own code (it imports a
+    package that is not installed) raises its own error, with its traceback, not one about the config."""
+    from snakeshard.errors import ConfigError
+    from snakeshard.user_code import import_object
+
+    (tmp_path / "good_stage.py").write_text("class Runner:\n    pass\n")
+    (tmp_path / "broken_stage.py").write_text("import no_such_package_xyz\n\nclass Runner:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert import_object("good_stage.Runner", "stages.s.runner").__name__ == "Runner"
+    with pytest.raises(ConfigError, match=r"stages\.s\.runner: cannot import 'gone_stage\.Runner': no module named"):
+        import_object("gone_stage.Runner", "stages.s.runner")
+    with pytest.raises(ConfigError, match=r"stages\.s\.runner: cannot import 'good_stage\.Other'.*defines no 'Other'"):
+        import_object("good_stage.Other", "stages.s.runner")
+    with pytest.raises(ConfigError, match=r"stages\.s\.provider: 'Runner' is not an import path"):
+        import_object("Runner", "stages.s.provider")
+    with pytest.raises(ModuleNotFoundError, match="no_such_package_xyz"):
+        import_object("broken_stage.Runner", "stages.s.runner")

@@ -146,11 +146,11 @@ def test_recording_params_imports_no_pandas_and_records_the_same_text():
 
 
 def test_a_shard_job_imports_neither_tqdm_nor_multiprocessing(tmp_path):
-    """The modules a shard job runs (cli, shard, workflow's import_object, data, devices, fingerprint,
+    """The modules a shard job runs (cli, shard, user_code's import_object, data, devices, fingerprint,
     progress) do not import tqdm (~25 ms) or multiprocessing (its lock, ~6 ms); a pool job imports the
     latter when it starts its pool, not before. A scoring, merge or report job, which computes nothing with
     numpy, does not import it (~60 ms) through the runners package."""
-    code = ("import sys, snakeshard.cli, snakeshard.shard, snakeshard.workflow, snakeshard.data, "
+    code = ("import sys, snakeshard.cli, snakeshard.shard, snakeshard.user_code, snakeshard.workflow, snakeshard.data, "
             "snakeshard.devices, snakeshard.fingerprint, snakeshard.progress, snakeshard.merge; "
             "from snakeshard.runners import ScoringRunner, ScoringProvider; "
             "print(sorted(m for m in ('tqdm', 'multiprocessing', 'socket', 'uuid', 'numpy') if m in sys.modules))")

@@ -372,14 +372,14 @@ def cmd_init(args) -> int:
 
 
 # The commands the workflow's rules run once per job, with their options as the rules write them:
-# (required, optional, exactly one of (when not empty), converters). A job parses these itself
+# (function, required, optional, exactly one of (when not empty), converters). A job parses these itself
 # (_job_args): building the argparse parser costs every shard job ~5 ms (gettext, locale, shutil).
 # Anything else, a typo or --help included, goes through argparse (build_parser), which holds the
 # same options and gives the messages.
 JOB_COMMANDS = {
-    "run-shard": ({"--spec", "--shard", "--shard-dir"}, {"--shard-inputs", "--fingerprint", "--log"},
+    "run-shard": (cmd_run_shard, {"--spec", "--shard", "--shard-dir"}, {"--shard-inputs", "--fingerprint", "--log"},
                   {"--shard-inputs", "--fingerprint"}, {"--shard": _shard_id}),
-    "run-shards": ({"--spec", "--shards", "--set-dir", "--shard-inputs", "--done"}, {"--log"}, set(),
+    "run-shards": (cmd_run_shards, {"--spec", "--shards", "--set-dir", "--shard-inputs", "--done"}, {"--log"}, set(),
                    {"--shards": _shard_range}),
 }
 
@@ -389,7 +389,7 @@ def _job_args(argv: list[str]):
     known, the required ones there): what argparse would give. None for anything else."""
     if not argv or argv[0] not in JOB_COMMANDS or len(argv) % 2 != 1:
         return None
-    required, optional, one_of, convert = JOB_COMMANDS[argv[0]]
+    func, required, optional, one_of, convert = JOB_COMMANDS[argv[0]]
     given = dict(zip(argv[1::2], argv[2::2]))
     if (len(given) != len(argv) // 2 or not required <= given.keys() <= required | optional
             or (one_of and len(one_of & given.keys()) != 1)):
@@ -403,7 +403,6 @@ def _job_args(argv: list[str]):
             except Exception:  # argparse words the error
                 return None
         values[option[2:].replace("-", "_")] = value
-    func = {"run-shard": cmd_run_shard, "run-shards": cmd_run_shards}[argv[0]]
     return SimpleNamespace(command=argv[0], func=func, **values)
 
 

@@ -201,8 +201,6 @@ class CollectStatsRunner(BaseRunner):
     def reduce_state(state, result, **env):
         import numpy as np
 
-        from snakeshard.exact_sum import ExactSum
-
         key = result["key"]
         if state["batch_keys"] is None:
             state["batch_keys"] = list(result["shapes"])
@@ -218,6 +216,8 @@ class CollectStatsRunner(BaseRunner):
                 raise DataError(f"item {key!r}: feature {name!r} {_first_nonfinite(seq)}: refusing to add it to the "
                                 "statistics (its mean and variance would be NaN)")
             if name not in stats:
+                from snakeshard.exact_sum import ExactSum  # numpy's: not imported by jobs that make no sums
+
                 stats[name] = [0, ExactSum(total.shape), ExactSum(total.shape)]
             elif stats[name][1].shape != total.shape:
                 raise DataError(f"item {key!r}: feature {name!r} has frames of shape {seq.shape[1:]}, earlier keys "
