@@ -150,7 +150,7 @@ def test_a_shard_job_imports_neither_tqdm_nor_multiprocessing(tmp_path):
     progress) do not import tqdm (~25 ms) or multiprocessing (its lock, ~6 ms); a pool job imports the
     latter when it starts its pool, not before. A scoring, merge or report job, which computes nothing with
     numpy, does not import it (~60 ms) through the runners package."""
-    code = ("import sys, snakeshard.cli, snakeshard.shard, snakeshard.user_code, snakeshard.workflow, snakeshard.data, "
+    code = ("import sys, snakeshard.cli, snakeshard.job, snakeshard.shard, snakeshard.user_code, snakeshard.workflow, snakeshard.data, "
             "snakeshard.devices, snakeshard.fingerprint, snakeshard.progress, snakeshard.merge; "
             "from snakeshard.runners import ScoringRunner, ScoringProvider; "
             "print(sorted(m for m in ('tqdm', 'multiprocessing', 'socket', 'uuid', 'numpy') if m in sys.modules))")
@@ -186,7 +186,7 @@ def test_a_short_job_prints_no_progress_line():
 # Stdlib modules a shard job used to import and no longer needs -> what they were for, what they cost
 # the job (CPU, bench machine) and what replaced them.
 NOT_IN_A_JOB = {
-    "argparse": "the whole CLI parser (~5 ms with gettext, locale, shutil): cli._job_args parses the rule's options",
+    "argparse": "the whole CLI parser (~5 ms with gettext, locale, shutil): job.parse_job_args parses the rule's options",
     "inspect": "forward's signature (~10 ms): contract.forward_parameters reads a plain function's code",
     "dataclasses": "Item and Audio (~12 ms with inspect): plain classes with slots",
     "typing": "annotations only (~3 ms)",
@@ -195,6 +195,12 @@ NOT_IN_A_JOB = {
     "traceback": "printing a failure (~3 ms): imported only then",
     "hashlib": "OpenSSL (~3 ms) for a few kB of digests: fingerprint uses CPython's own SHA-256 for small inputs",
     "ast": "the parse-time check of import paths (~5 ms with importlib.util): user_code imports directly",
+    "re": "json's scanner and pathlib's globbing pull it in, with enum (~8 ms): see the three below",
+    "enum": "imported by re (~5 ms of the 8)",
+    "json": "spec.json and done (~9 ms with re): quickjson calls the same C functions (_json) directly",
+    "pathlib": "shard paths (~13 ms with re, fnmatch, urllib.parse): strings and os.path in the job's modules; "
+               "hooks a runner overrides still get a Path (shard._hook_dir)",
+    "math": "isfinite on a float (~1 ms): -inf < x < inf",
 }
 
 
@@ -207,22 +213,24 @@ def test_a_shard_job_imports_none_of_the_costly_stdlib_modules(toy_workdir):
     args = shlex.split(command.split("-m snakeshard ", 1)[1])
     modules = toy_workdir / "modules.json"
     # `python -m snakeshard ARGS`, recording at exit which modules the job had imported
-    record = ("import atexit, json, sys, runpy; "
-              f"atexit.register(lambda: open({str(modules)!r}, 'w').write(json.dumps(sorted(sys.modules)))); "
+    # (less what the interpreter imported before: an editable install's finder imports pathlib at start-up)
+    record = ("import atexit, sys, runpy; before = set(sys.modules); "
+              f"atexit.register(lambda: open({str(modules)!r}, 'w').write('\\n'.join(sorted(set(sys.modules) - before)))); "
               "sys.argv = ['snakeshard', *sys.argv[1:]]; runpy.run_module('snakeshard', run_name='__main__')")
     job = subprocess.run([sys.executable, "-c", record, *args], cwd=toy_workdir, capture_output=True, text=True)
     assert job.returncode == 0, job.stderr + (toy_workdir / "results/upper/toy/logs/split.1.log").read_text()
     assert (toy_workdir / "results/upper/toy/split.1/done").is_file()
-    imported = set(json.loads(modules.read_text()))
+    imported = set(modules.read_text().split("\n"))
     assert "snakeshard.shard" in imported and "toy" in imported  # it did run the shard loop and the runner
     assert sorted(imported & NOT_IN_A_JOB.keys()) == []
 
 
 def test_the_job_parser_gives_what_argparse_gives_and_leaves_the_rest_to_it():
-    """cli._job_args parses the rules' run-shard and run-shards lines as argparse does; anything else (a
+    """job.parse_job_args parses the rules' run-shard and run-shards lines as argparse does; anything else (a
     missing or unknown option, both of two exclusive ones, a bad shard number, --help) it leaves to argparse,
     which words the error."""
-    from snakeshard.cli import _job_args, build_parser
+    from snakeshard.cli import build_parser
+    from snakeshard.job import parse_job_args as _job_args
 
     rule_lines = [
         "run-shard --shard 3 --spec r/s/t/spec.json --shard-dir r/s/t/split.3 --shard-inputs a:b:c:d --log l/split.3.log",

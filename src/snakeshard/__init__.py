@@ -8,7 +8,17 @@ __version__ = "0.1.0"
 
 from snakeshard.contract import BaseRunner, EnvironmentProvider, InferenceProvider  # noqa: E402
 from snakeshard.errors import SnakeshardError  # noqa: E402
-from snakeshard.resources import snakefile  # noqa: E402
 from snakeshard.writers import Audio  # noqa: E402
+
+
+def __getattr__(name: str):
+    # snakefile() is for a project's Snakefile; its module (pathlib) stays out of shard jobs, which import
+    # this package first (`python -m snakeshard`).
+    if name == "snakefile":
+        from snakeshard.resources import snakefile
+
+        return snakefile
+    raise AttributeError(f"module 'snakeshard' has no attribute {name!r}")
+
 
 __all__ = ["Audio", "BaseRunner", "EnvironmentProvider", "InferenceProvider", "SnakeshardError", "__version__", "snakefile"]

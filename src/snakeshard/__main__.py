@@ -1,3 +1,3 @@
-from snakeshard.cli import main
+from snakeshard.job import main
 
 raise SystemExit(main())

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> None:
@@ -18,7 +16,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes | list[bytes], *, fs
     truncated one. ``fsync`` also survives power loss; skip it for files that can
     be recomputed cheaply (plan key lists), where thousands of fsyncs would cost seconds.
     """
-    path = Path(path)
+    path = os.fspath(path)
     fd, tmp = _create_temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -28,13 +26,16 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes | list[bytes], *, fs
                 os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
         raise
     if fsync:
-        fsync_dir(path.parent)
+        fsync_dir(os.path.dirname(path) or ".")
 
 
-def _create_temp_beside(path: Path) -> tuple[int, str]:
+def _create_temp_beside(path: str) -> tuple[int, str]:
     """A new file ``.NAME.<random>.tmp`` in ``path``'s directory, opened for writing: (fd, its path).
 
     What tempfile.mkstemp does (O_EXCL, a fresh name on a clash), without importing tempfile, which
@@ -42,7 +43,8 @@ def _create_temp_beside(path: Path) -> tuple[int, str]:
     mkstemp gives 0600), so teammates on a shared filesystem can read results.
     """
     for _ in range(100):
-        tmp = os.path.join(path.parent, f".{path.name}.{os.urandom(6).hex()}.tmp")
+        parent, name = os.path.split(path)
+        tmp = os.path.join(parent, f".{name}.{os.urandom(6).hex()}.tmp")
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
         except FileExistsError:
@@ -60,17 +62,20 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 
 def atomic_write_json(path: str | os.PathLike, obj, *, fsync: bool = True) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + "\n", fsync=fsync)
+    """``obj`` as ``json.dumps(obj, indent=1)`` writes it (without importing json: see quickjson.py)."""
+    from snakeshard.quickjson import dumps_indented
+
+    atomic_write_text(path, dumps_indented(obj) + "\n", fsync=fsync)
 
 
 def write_if_changed(path: str | os.PathLike, text: str) -> bool:
     """Rewrite ``path`` only when its content differs, so its mtime (a Snakemake trigger) stays put."""
-    path = Path(path)
     try:
-        if path.read_text(encoding="utf-8") == text:
-            return False
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return False
     except FileNotFoundError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     atomic_write_text(path, text, fsync=False)
     return True

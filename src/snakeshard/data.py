@@ -20,13 +20,18 @@ current (``upstream_inputs``; a stale or missing one is refused).
 
 from __future__ import annotations
 
-import json
-import math
 import os
-from pathlib import Path
 
 from snakeshard.errors import DataError
+from snakeshard.shard_files import SHARD_ITEMS  # noqa: F401 (data.SHARD_ITEMS: where load_dataset's slice is)
 
+# A shard job reads its slice (read_shard_items) without json, pathlib or math (see job.py); the planner's
+# functions import them where they need them.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+
+_INF = float("inf")  # -_INF < x < _INF: x is finite
 MAX_LISTED = 5  # how many offending keys an error message lists
 # The per-key Kaldi files a stage's forward can see through the dataset (text and utt2spk as fields).
 KALDI_RECORD_FILES = ("wav.scp", "segments", "text", "utt2spk")
@@ -69,7 +74,8 @@ class Item:
 
 def read_text_lines(path: Path) -> list[str]:
     """The lines of a UTF-8 text file, without newlines; a byte that is not UTF-8 names file and line."""
-    raw = Path(path).read_bytes()
+    with open(path, "rb") as f:
+        raw = f.read()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -114,7 +120,7 @@ def _seconds(value, where: str, what: str) -> float:
         seconds = float(value)
     except (TypeError, ValueError):
         raise DataError(f"{where}: {what} {value!r} is not a number of seconds") from None
-    if not math.isfinite(seconds):
+    if not -_INF < seconds < _INF:
         raise DataError(f"{where}: {what} {value!r} is not a finite number of seconds")
     return seconds
 
@@ -185,6 +191,8 @@ def _read_kaldi_dir(path: Path, with_records: bool = True) -> list[Item]:
 
 
 def _read_jsonl(path: Path, spec: dict) -> list[Item]:
+    import json
+
     key_field = spec.get("key_field", "key")
     audio_field = spec.get("audio_field", "audio")
     duration_field = spec.get("duration_field", "duration")
@@ -219,6 +227,8 @@ def _parse_all(lines: list[str]) -> list | None:
     """The records of non-blank ``lines``, from ONE json.loads over them joined as a JSON array (100,000
     records: 0.15 s instead of 0.6 s line by line); None when that fails or gives another count (a line
     with two values), so that parsing line by line names the bad line."""
+    import json
+
     try:
         parsed = json.loads("[" + ",".join(lines) + "]")
     except json.JSONDecodeError:
@@ -227,26 +237,30 @@ def _parse_all(lines: list[str]) -> list | None:
 
 
 STAGE_FORMAT = "stage"  # a chained dataset: another stage's merged output
-SHARD_ITEMS = "items.json"  # split.N/items.json: the shard's slice of its dataset (written by the plan)
-_ITEMS_ENCODER = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":"))
 
 
 def shard_items_text(items: list[Item]) -> str:
     """A shard's slice of its dataset: ``{"items": [[key, source, audio, seconds], ...], "fields": [...]}``.
     A JSON Lines item's fields are its record, spliced in as written (no re-encoding: half the cost of
     the slices of 100,000 records); other fields are encoded in one call."""
-    head = _ITEMS_ENCODER.encode([[i.key, i.source, i.audio, i.seconds] for i in items])
+    import json
+
+    encoder = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":"))
+    head = encoder.encode([[i.key, i.source, i.audio, i.seconds] for i in items])
     written = [i.records.get(JSONL_RECORD) if i.records else None for i in items]
-    fields = "[" + ",".join(written) + "]" if all(written) else _ITEMS_ENCODER.encode([i.fields for i in items])
+    fields = "[" + ",".join(written) + "]" if all(written) else encoder.encode([i.fields for i in items])
     return f'{{"items":{head},"fields":{fields}}}\n'
 
 
 def read_shard_items(paths: str | os.PathLike | list) -> list[Item]:
     """The items ``shard_items_text`` wrote (already validated by the plan), of one slice or of several
     (a job running several shards: see ``shards_per_job``), in the order given."""
+    from snakeshard.quickjson import loads
+
     items = []
     for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
-        written = json.loads(Path(path).read_text(encoding="utf-8"))
+        with open(path, encoding="utf-8") as f:
+            written = loads(f.read())
         items += [Item(key, source, audio, seconds, fields, None)
                   for (key, source, audio, seconds), fields in zip(written["items"], written["fields"])]
     return items
@@ -263,6 +277,8 @@ def read_items(spec: dict, with_records: bool = True) -> list[Item]:
     """All items of a dataset in file order, validated: non-empty, unique keys without whitespace.
     A chained dataset's items are those of its source dataset. ``with_records=False`` leaves out what
     only planning digests (each item's source lines), for the dataset a job holds in memory."""
+    from pathlib import Path
+
     spec = source_spec(spec)
     path = Path(spec["path"])
     fmt = spec.get("format", "kaldi")
@@ -391,6 +407,9 @@ class StageOutputDataset(KaldiDataset):
     """
 
     def __init__(self, spec: dict):
+        import json
+        from pathlib import Path
+
         from snakeshard.merge import FIELDS_FILE, require_current
 
         super().__init__(spec)
@@ -406,6 +425,8 @@ class StageOutputDataset(KaldiDataset):
         if formats and meta["format"] not in formats:
             raise DataError(f"{self.set_dir}: field {name!r} is {meta['format']}, not one of {sorted(formats)}")
         if name not in self._index:
+            from snakeshard.quickjson import loads
+
             index = self._index[name] = {}
             path = self.set_dir / meta["index"]
             # in a shard job, only the shard's keys are kept (the upstream's merged index covers the dataset)
@@ -413,7 +434,7 @@ class StageOutputDataset(KaldiDataset):
             wanted = self._items if self.shard_items else None
             for line in read_text_lines(path) if wanted is None else _stream_lines(path):
                 if meta["format"] == "jsonl":
-                    record = json.loads(line)
+                    record = loads(line)
                     if wanted is None or record["key"] in wanted:
                         index[record["key"]] = record["value"]
                 else:

@@ -17,7 +17,6 @@ it touches; merge refuses a shard whose ``done`` records another one. A stage's
 
 from __future__ import annotations
 
-import json
 import os
 
 # Small inputs (a shard job's keys and inputs, a few kB) go through CPython's own SHA-256: importing
@@ -99,11 +98,15 @@ def stage_fingerprint(spec: dict, version: str, code: dict | None = None) -> str
     }
     if code is not None:
         payload["code"] = code
+    import json  # at the parse, not in shard jobs
+
     return digest(json.dumps(payload, sort_keys=True, default=str))
 
 
 def records_digest(records: dict[str, str], selected) -> str:
     """One digest over a shard's per-file record digests (see plan.records_digests), for the ``selected`` files."""
+    import json  # at the parse, not in shard jobs
+
     return digest(json.dumps({name: d for name, d in records.items() if name in selected}, sort_keys=True))
 
 

@@ -27,10 +27,10 @@ import os
 from pathlib import Path
 
 from snakeshard.atomic import atomic_write_json, atomic_write_text, write_if_changed
-from snakeshard.data import (SHARD_ITEMS, Item, check_audio_exists, fill_durations, is_pipe, read_items, shard_items_text,
-                             source_spec)
+from snakeshard.data import Item, check_audio_exists, fill_durations, is_pipe, read_items, shard_items_text, source_spec
 from snakeshard.errors import ConfigError
 from snakeshard.fingerprint import digest, keys_digest, keys_text
+from snakeshard.shard_files import SHARD_ITEMS, read_keys_file, read_shard_keys  # noqa: F401 (read_*: the planner's API too)
 
 # 2: per-shard record digests and audio_files.json; 3: split.N/items.json; 4: its items and fields apart
 PLAN_FORMAT = 4
@@ -197,16 +197,6 @@ def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> di
 def read_audio_files(set_dir: str | os.PathLike) -> list[list[str]]:
     """Per shard, the audio files the plan in ``set_dir`` reads (written beside plan.json)."""
     return json.loads(Path(set_dir, AUDIO_FILES).read_text())
-
-
-def read_keys_file(shard_dir: str | os.PathLike) -> tuple[list[str], bytes]:
-    """The keys of ``shard_dir/keys`` (one per line, as ``keys_text`` writes them) and the file's bytes."""
-    raw = Path(shard_dir, "keys").read_bytes()
-    return raw.decode("utf-8").split("\n")[:-1], raw
-
-
-def read_shard_keys(shard_dir: str | os.PathLike) -> list[str]:
-    return read_keys_file(shard_dir)[0]
 
 
 def shards_text(n: int) -> str:

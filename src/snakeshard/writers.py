@@ -16,18 +16,15 @@ line per key, in plan order, and is what the merge concatenates; ``fields`` (rec
 shard's ``done`` and the merged ``fields.json``) says what each field is, so nothing downstream guesses.
 
 Heavy libraries (numpy, kaldiio, soundfile) are imported on the first value that needs them:
-this module is imported at every Snakefile parse.
+this module is imported at every Snakefile parse and in every shard job. So are ``re``, ``json`` and
+``pathlib`` avoided here (paths are strings): a one-key job of text fields imports none of them.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import re
 import zlib
 from operator import itemgetter
-from pathlib import Path
 
 from snakeshard.errors import ConfigError, ContractError
 
@@ -41,10 +38,11 @@ FORMAT_OPTIONS = {"ark": {"compression_method"}, "wav": {"subtype"}, "flac": {"s
 # Names a field cannot take: files of the shard dir and of the merged set dir.
 RESERVED_NAMES = frozenset({"keys", "done", "fields.json", "merged.json", "plan.json", "spec.json",
                             "fingerprints.json", "audio_files.json", "logs"})
-# A field name is a file name, optionally under one group directory ("collect_feats/feats", as ESPnet's
-# collect_stats lays out its collected features); the group dir is created in the shard and merged dirs.
-FIELD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)?")
-SHARD_DIR_NAME = re.compile(r"split\.\d+")  # a text field so named would land on a shard dir when merged
+# A field name is a file name (letters, digits, _ . -, not starting with . or -), optionally under one group
+# directory ("collect_feats/feats", as ESPnet's collect_stats lays out its collected features); the group dir
+# is created in the shard and merged dirs.
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+_INF = float("inf")  # -_INF < x < _INF: x is finite (math.isfinite for a float, without importing math)
 
 
 class Audio:
@@ -110,8 +108,12 @@ def check_outputs_config(outputs: dict, where: str) -> None:
 
 
 def usable_field_name(name: str) -> bool:
-    top = name.split("/", 1)[0]
-    return bool(FIELD_NAME.fullmatch(name)) and top not in RESERVED_NAMES and not SHARD_DIR_NAME.fullmatch(top)
+    parts = name.split("/")
+    if len(parts) > 2 or not all(part and part[0] not in ".-" and _NAME_CHARS.issuperset(part) for part in parts):
+        return False
+    top = parts[0]
+    # split.N would land on a shard dir when merged
+    return top not in RESERVED_NAMES and not (top.startswith("split.") and top[6:].isdigit())
 
 
 def check_field_name(name: str, where: str) -> None:
@@ -124,13 +126,13 @@ def check_field_name(name: str, where: str) -> None:
 class _Field:
     """One field's writer in one shard: appends in processing order, indexes in plan order at close."""
 
-    def __init__(self, shard_dir: Path, name: str, fmt: str, options: dict, allow_nonfinite: bool):
+    def __init__(self, shard_dir: str, name: str, fmt: str, options: dict, allow_nonfinite: bool):
         self.shard_dir, self.name, self.fmt, self.options = shard_dir, name, fmt, options
         self.allow_nonfinite = allow_nonfinite
         self.index_name = index_file(name, fmt)
         if "/" in name:  # a grouped field: its group dir
-            (shard_dir / name).parent.mkdir(exist_ok=True)
-        self.index = open(shard_dir / self.index_name, "w", encoding="utf-8")
+            os.makedirs(os.path.join(shard_dir, name.partition("/")[0]), exist_ok=True)
+        self.index = open(os.path.join(shard_dir, self.index_name), "w", encoding="utf-8")
         self.keys: list[str] = []  # in the order written
 
     def write_column(self, keys: list[str], values: list) -> None:
@@ -139,7 +141,8 @@ class _Field:
 
     def meta(self) -> dict:
         """What the merge needs to know: the format, the index file and a check of its bytes."""
-        raw = (self.shard_dir / self.index_name).read_bytes()
+        with open(os.path.join(self.shard_dir, self.index_name), "rb") as f:
+            raw = f.read()
         return {"format": self.fmt, "index": self.index_name, **self.options, "bytes": len(raw),
                 "crc32": zlib.crc32(raw)}
 
@@ -158,12 +161,13 @@ class _Field:
             self._reorder(order)
 
     def _reorder(self, order: list[str]) -> None:
-        path = self.shard_dir / self.index_name
-        lines = dict(zip(self.keys, path.read_text(encoding="utf-8").splitlines(keepends=True)))
+        path = os.path.join(self.shard_dir, self.index_name)
+        with open(path, encoding="utf-8") as f:
+            lines = dict(zip(self.keys, f.read().splitlines(keepends=True)))
         _rewrite(path, "".join(lines[k] for k in order))
 
 
-def _rewrite(path: Path, text: str) -> None:
+def _rewrite(path: str, text: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
@@ -177,7 +181,7 @@ class TextField(_Field):
         elif type(value) is not str:
             if hasattr(value, "item"):  # numpy scalar
                 value = value.item()
-            if type(value) is float and not (self.allow_nonfinite or math.isfinite(value)):
+            if type(value) is float and not (self.allow_nonfinite or -_INF < value < _INF):
                 raise ContractError(f"item {key!r}: field {self.name!r} is {value}; list the field under the "
                                     "stage's allow_nonfinite if that is a valid result")
             value = str(value)
@@ -198,24 +202,10 @@ def line_encoder(allow_nan: bool):
     """``encode(value) -> str``: the text ``json.JSONEncoder(ensure_ascii=False).encode`` gives (numpy and
     torch values as lists, circular references refused). Made once per field: ``JSONEncoder.encode``
     builds its C encoder again at every call, a third of the cost of encoding a small record (50,000
-    alignment records: 0.28 s vs 0.18 s). Falls back to ``encode`` where the C encoder is missing or takes
-    other arguments."""
-    encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=allow_nan, default=_json_default)
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return encoder.encode
-    try:
-        markers: dict = {}  # ids of the containers being encoded: empty again after each call
-        iterencode = make(markers, _json_default, json.encoder.encode_basestring, None, ": ", ", ", False, False,
-                          allow_nan)
-    except TypeError:
-        return encoder.encode
+    alignment records: 0.28 s vs 0.18 s)."""
+    from snakeshard.quickjson import encoder
 
-    def encode(value) -> str:
-        markers.clear()  # a call that raised may leave ids behind
-        return "".join(iterencode(value, 0))
-
-    return encode
+    return encoder(ensure_ascii=False, allow_nan=allow_nan, default=_json_default)
 
 
 class JsonlField(_Field):
@@ -237,14 +227,13 @@ class JsonlField(_Field):
 
 def check_finite(array, key: str, name: str) -> None:
     """Refuse NaN and infinity in a float array (the sum is finite only if every element is)."""
+    import numpy as np
+
     kind = array.dtype.kind
     if kind not in "fc" or not array.size:
         return
-    total = array.sum()
-    if kind == "f" and math.isfinite(total):
+    if kind == "f" and np.isfinite(array.sum()):
         return
-    import numpy as np
-
     if not np.isfinite(array).all():  # not just an overflowing sum
         bad = int(np.flatnonzero(~np.isfinite(array.ravel()))[0])
         raise ContractError(f"item {key!r}: field {name!r} holds {array.ravel()[bad]} (flat index {bad}); "
@@ -256,7 +245,7 @@ def all_finite(arrays: list) -> bool:
     import numpy as np
 
     floats = [a.ravel() for a in arrays if a.dtype.kind == "f" and a.size]
-    return not floats or bool(math.isfinite(np.concatenate(floats).sum(dtype=np.float64)))
+    return not floats or bool(np.isfinite(np.concatenate(floats).sum(dtype=np.float64)))
 
 
 class ArkField(_Field):
@@ -269,7 +258,7 @@ class ArkField(_Field):
         import numpy
 
         super().__init__(*args)
-        self.ark_path = (self.shard_dir / f"{self.name}.ark").absolute()
+        self.ark_path = os.path.abspath(os.path.join(self.shard_dir, f"{self.name}.ark"))
         self.ark = open(self.ark_path, "wb")
         self.end = 0  # where the next record starts
         self.compression = self.options.get("compression_method")
@@ -312,16 +301,18 @@ class ArkField(_Field):
         super().close(order)
 
     def meta(self) -> dict:
-        return {**super().meta(), "ark": str(self.ark_path)}
+        return {**super().meta(), "ark": self.ark_path}
 
     def _reorder(self, order: list[str]) -> None:
         """Copy each record's bytes into a new ark in plan order. Records lie back to back in written
         order, so each one runs from its key to where the next one's key starts."""
-        index = self.shard_dir / self.index_name
-        starts = [int(line.rpartition(":")[2]) - len(key.encode()) - 1
-                  for key, line in zip(self.keys, index.read_text(encoding="utf-8").splitlines())]
+        index = os.path.join(self.shard_dir, self.index_name)
+        with open(index, encoding="utf-8") as f:
+            starts = [int(line.rpartition(":")[2]) - len(key.encode()) - 1
+                      for key, line in zip(self.keys, f.read().splitlines())]
         span = dict(zip(self.keys, zip(starts, starts[1:] + [self.end])))
-        tmp = self.ark_path.with_name(f".{self.ark_path.name}.ordered")
+        parent, name = os.path.split(self.ark_path)
+        tmp = os.path.join(parent, f".{name}.ordered")
         lines = []
         with open(self.ark_path, "rb") as src, open(tmp, "wb") as dst:
             for key in order:
@@ -342,14 +333,14 @@ class _PerKeyFileField(_Field):
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.dir = (self.shard_dir / self.name).absolute()
-        self.dir.mkdir()
+        self.dir = os.path.abspath(os.path.join(self.shard_dir, self.name))
+        os.mkdir(self.dir)
 
-    def path_for(self, key: str) -> Path:
+    def path_for(self, key: str) -> str:
         if "/" in key or key.startswith("."):
             raise ContractError(f"item {key!r}: field {self.name!r} writes one file per key, and this key cannot "
                                 f"be a file name; use format ark or jsonl for it")
-        return self.dir / f"{key}{self.suffix}"
+        return os.path.join(self.dir, f"{key}{self.suffix}")
 
     def write(self, key: str, value) -> None:
         path = self.path_for(key)
@@ -371,7 +362,7 @@ class _PerKeyFileField(_Field):
         super().close(order)
 
     def meta(self) -> dict:
-        return {**super().meta(), "dir": str(self.dir)}
+        return {**super().meta(), "dir": self.dir}
 
 
 class NpyField(_PerKeyFileField):
@@ -387,7 +378,7 @@ class NpyField(_PerKeyFileField):
 
 
 class AudioField(_PerKeyFileField):
-    def __init__(self, shard_dir: Path, name: str, fmt: str, options: dict, allow_nonfinite: bool):
+    def __init__(self, shard_dir: str, name: str, fmt: str, options: dict, allow_nonfinite: bool):
         self.suffix = f".{fmt}"  # .wav or .flac
         super().__init__(shard_dir, name, fmt, options, allow_nonfinite)
 
@@ -423,8 +414,8 @@ class FieldWriters:
     outputs: dict = {}
     order: list[str] | None = None
 
-    def __init__(self, shard_dir: Path):
-        self.shard_dir = Path(shard_dir)
+    def __init__(self, shard_dir: str | os.PathLike):
+        self.shard_dir = os.fspath(shard_dir)
         self.writers: dict[str, _Field] = {}
         self.kinds: dict[str, str] = {}
         self.fields: dict[str, dict] = {}
@@ -494,7 +485,7 @@ class FieldWriters:
                 typed.append((name, values, kind))
                 continue
             if float in types and name not in self.allow_nonfinite and not all(
-                    math.isfinite(v) for v in values if type(v) is float):
+                    -_INF < v < _INF for v in values if type(v) is float):
                 return False  # a NaN or inf: the item-by-item path names it
             text = "".join([f"{k} {v}\n" for k, v in zip(keys, values)])
             if text.count("\n") != len(keys):  # a value held a newline
