@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 
 import pytest
 
@@ -223,6 +224,48 @@ def test_a_shard_job_imports_none_of_the_costly_stdlib_modules(toy_workdir):
     imported = set(modules.read_text().split("\n"))
     assert "snakeshard.shard" in imported and "toy" in imported  # it did run the shard loop and the runner
     assert sorted(imported & NOT_IN_A_JOB.keys()) == []
+
+
+def test_hooks_a_runner_overrides_get_the_shard_dir_as_a_path(tmp_path):
+    """The shard loop works on str paths (pathlib stays out of a job), but a runner's own open_writers and
+    finalize_state receive a pathlib.Path, as they always did; the default hooks write the same files."""
+    from pathlib import Path
+
+    from snakeshard import BaseRunner, EnvironmentProvider
+    from snakeshard.writers import FieldWriters
+
+    class Provider(EnvironmentProvider):
+        def build_env_local(self):
+            return {}
+
+    seen = []
+
+    class OwnHooks(BaseRunner):
+        @staticmethod
+        def forward(key):
+            return {"text": key.upper()}
+
+        @staticmethod
+        def open_writers(shard_dir, **env):
+            seen.append(shard_dir)
+            return FieldWriters(shard_dir)
+
+        @staticmethod
+        def finalize_state(state, shard_dir, **env):
+            seen.append(shard_dir)
+            (shard_dir / "count.txt").write_text("2\n")
+            return ["count.txt"]
+
+    class Defaults(BaseRunner):
+        forward = staticmethod(OwnHooks.forward)
+
+    done = OwnHooks(Provider(), output_dir=str(tmp_path / "own"))(["a", "b"])
+    assert [isinstance(d, Path) for d in seen] == [True, True] and seen[0] == tmp_path / "own"
+    assert done["state_files"] == {"count.txt": {"bytes": 2, "crc32": zlib.crc32(b"2\n")}}
+    Defaults(Provider(), output_dir=str(tmp_path / "default"))(["a", "b"])
+    for root in ("own", "default"):
+        assert (tmp_path / root / "text").read_text() == "a A\nb B\n"
+        assert json.loads((tmp_path / root / "done").read_text())["fields"]["text"]["bytes"] == 8
 
 
 def test_the_job_parser_gives_what_argparse_gives_and_leaves_the_rest_to_it():

@@ -530,3 +530,20 @@ def test_an_item_length_that_raises_fails_the_shard_naming_the_key(tmp_path):
     with pytest.raises(ShardError, match=r"shard 0: item 'k0': its length for batching: KeyError: 'no duration for k0'"):
         run_shard(LengthFails, {"table": {"k0": {"x": 1}}}, ["k0"], tmp_path / "s", batch_seconds=5, progress=False)
     assert not (tmp_path / "s/done").exists()
+
+
+def test_field_names_are_file_names_under_at_most_one_group_dir():
+    """writers.usable_field_name (str methods: a job does without re) takes exactly the names of the rule:
+    letters, digits, _ . - not starting with . or -, at most one group/ dir, not split.N or a set dir's file."""
+    import re
+
+    from snakeshard.writers import RESERVED_NAMES, usable_field_name
+
+    rule = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)?")
+    names = ["text", "hyp_1", "feats.ark", "a-b", "_x", "9", "collect_feats/feats", "g/x.y", "", ".hidden", "-x",
+             "a b", "tab\tx", "é", "ü/x", "a/", "/a", "a//b", "a/b/c", "g/.x", "split.0", "split.12/x", "split.",
+             "split.x", "splits.0", "split.٣", "done", "keys/x", "logs", "fields.json", "x\n", "ok.", "a..b"]
+    for name in names:
+        expected = (bool(rule.fullmatch(name)) and name.split("/")[0] not in RESERVED_NAMES
+                    and not re.fullmatch(r"split\.\d+", name.split("/")[0]))
+        assert usable_field_name(name) is expected, name
