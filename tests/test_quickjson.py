@@ -54,6 +54,8 @@ def test_what_json_cannot_write_fails_as_json_fails():
     loop.append(loop)
     with pytest.raises(ValueError, match="Circular reference"):
         quickjson.encoder()(loop)
+    with pytest.raises(ValueError, match="Circular reference"):
+        quickjson.dumps_indented({"a": loop})
     assert quickjson.encoder()([1]) == "[1]"  # a call that raised leaves nothing behind
     # a key json.dumps converts (int, None): the whole value goes to json.dumps
     assert quickjson.dumps_indented({1: {None: 2}}) == json.dumps({1: {None: 2}}, indent=1)

@@ -1,7 +1,7 @@
 """JSON through the ``json`` package's own C accelerator (``_json``), without importing the package.
 
 Importing ``json`` imports ``re`` and ``enum`` (the Python-level scanner and the escape patterns): about
-8 ms, a third of what a one-key shard job costs before its first item. A shard job only reads its
+9 ms of CPU, as much as everything else a one-key shard job does after the interpreter's start. A shard job only reads its
 ``spec.json`` and writes its ``done``; this module does both with the same C functions ``json`` uses,
 so the text is the same (tests/test_quickjson.py compares them). Where ``_json`` is missing or takes
 other arguments, and for every error, it hands over to ``json`` itself, whose messages users know.
@@ -84,11 +84,11 @@ _leaf = encoder()  # scalars and empty containers: their text has no separators
 
 
 def dumps_indented(value, indent: int = 1) -> str:
-    """``json.dumps(value, indent=indent)``: nested dicts and lists one entry per line (str keys only;
-    anything else goes to json.dumps)."""
+    """``json.dumps(value, indent=indent)``: nested dicts and lists one entry per line. A dict key that is not a
+    str, or a value that contains itself, goes to json.dumps (which converts the key, or refuses the value)."""
     try:
         return _indented(value, "\n", " " * indent)
-    except _NotPlain:
+    except (_NotPlain, RecursionError):
         import json
 
         return json.dumps(value, indent=indent)
