@@ -11,7 +11,8 @@ from snakeshard import BaseRunner
 from snakeshard.errors import MergeError
 from snakeshard.fingerprint import inputs_digest, shard_fingerprint
 from snakeshard.merge import merge_set as merge_with_fingerprints
-from snakeshard.plan import ensure_plan, read_shard_keys
+from snakeshard.plan import ensure_plan
+from snakeshard.shard_files import read_shard_keys
 from snakeshard.shard import run_shard
 
 STAGE_FP = "stagefp0123456789abc"

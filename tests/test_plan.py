@@ -17,10 +17,10 @@ from snakeshard.plan import (
     ensure_plan,
     make_plan,
     plan_shards,
-    read_shard_keys,
     split_by_budget,
     split_contiguous,
 )
+from snakeshard.shard_files import read_shard_keys
 
 PROJECT = Path(__file__).resolve().parents[1]
 DEMO_WAV = PROJECT / "data/demo/wav/cards-001.wav"
@@ -349,7 +349,8 @@ def test_jsonl_record_change_changes_only_its_shards_records_digest(tmp_path):
 def test_each_shard_gets_its_slice_of_the_dataset(tmp_path):
     """split.N/items.json holds exactly the shard's items, with where each was declared; a dataset built
     from it (as a shard job's load_dataset is) has those keys only, and names the slice for any other key."""
-    from snakeshard.data import SHARD_ITEMS, load_dataset
+    from snakeshard.data import load_dataset
+    from snakeshard.shard_files import SHARD_ITEMS
 
     spec = kaldi_dir(tmp_path / "data", [f"u{i:02d}" for i in range(40)])
     set_dir = tmp_path / "set"
@@ -368,7 +369,8 @@ def test_each_shard_gets_its_slice_of_the_dataset(tmp_path):
 def test_a_jsonl_slice_holds_each_record_as_written(tmp_path):
     """A JSON Lines shard's slice splices each record's line in as written (no re-encoding): the fields a job
     sees equal the full dataset's, whatever the line's spacing, escapes or non-ASCII text."""
-    from snakeshard.data import SHARD_ITEMS, load_dataset
+    from snakeshard.data import load_dataset
+    from snakeshard.shard_files import SHARD_ITEMS
 
     lines = ['{"key": "a", "text": "caf\\u00e9", "n": [1, {"x": null}]}',
              '{ "key" : "b" , "text" : "naïve", "duration": 2 }',
@@ -391,7 +393,8 @@ def test_a_jsonl_slice_holds_each_record_as_written(tmp_path):
 
 def test_a_replan_rewrites_the_slices(tmp_path):
     """An edited text line changes the plan's signature: the slice holds the new text."""
-    from snakeshard.data import SHARD_ITEMS, load_dataset
+    from snakeshard.data import load_dataset
+    from snakeshard.shard_files import SHARD_ITEMS
 
     spec = kaldi_dir(tmp_path / "data", [f"u{i}" for i in range(6)])
     set_dir = tmp_path / "set"

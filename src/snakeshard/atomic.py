@@ -42,8 +42,8 @@ def _create_temp_beside(path: str) -> tuple[int, str]:
     costs every shard job ~4 ms; and with the mode a plain open() gives (0666 less the umask, where
     mkstemp gives 0600), so teammates on a shared filesystem can read results.
     """
+    parent, name = os.path.split(path)
     for _ in range(100):
-        parent, name = os.path.split(path)
         tmp = os.path.join(parent, f".{name}.{os.urandom(6).hex()}.tmp")
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp

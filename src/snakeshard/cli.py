@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from snakeshard.job import CANARY, ERROR_PREFIX, cmd_run_shard, cmd_run_shards, main, shard_id, shard_range
+from snakeshard.job import (CANARY, ERROR_PREFIX, cmd_run_shard, cmd_run_shards, main, read_spec, shard_id,
+                            shard_range)
 
 __all__ = ["build_parser", "main"]  # main: the `snakeshard` script (pyproject.toml); it parses job lines itself
 
@@ -46,7 +47,7 @@ def cmd_merge(args) -> int:
     from snakeshard.user_code import import_object
     from snakeshard.workflow import read_fingerprints
 
-    spec = json.loads(Path(args.spec).read_text())
+    spec = read_spec(args.spec)
     plan = json.loads((Path(args.set_dir) / "plan.json").read_text())
     fingerprints = read_fingerprints(args.set_dir)
     if fingerprints is None or fingerprints["inputs"] != args.inputs:
@@ -65,7 +66,7 @@ def cmd_report(args) -> int:
     from snakeshard.merge import require_current
     from snakeshard.user_code import import_object
 
-    spec = json.loads(Path(args.spec).read_text())
+    spec = read_spec(args.spec)
     require_current(args.set_dir, args.inputs)  # never draw a stale merge
     runner_cls = import_object(spec["runner"], f"stages.{spec['stage']}.runner")
     runner_cls.report(Path(args.set_dir), Path(args.output).name, Path(args.output))

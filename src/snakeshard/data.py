@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 
 from snakeshard.errors import DataError
-from snakeshard.shard_files import SHARD_ITEMS  # noqa: F401 (data.SHARD_ITEMS: where load_dataset's slice is)
 
 # A shard job reads its slice (read_shard_items) without json, pathlib or math (see job.py); the planner's
 # functions import them where they need them.

@@ -14,6 +14,7 @@ import os
 import sys
 
 from snakeshard.errors import SnakeshardError
+from snakeshard.quickjson import loads
 from snakeshard.shard_files import SHARD_ITEMS
 
 ERROR_PREFIX = "snakeshard: error: "
@@ -22,8 +23,6 @@ CANARY = "canary"  # the --shard of a stage's canary job
 
 def read_spec(path: str) -> dict:
     """A stage's ``spec.json`` (written at each parse, see workflow.run_spec)."""
-    from snakeshard.quickjson import loads
-
     with open(path, encoding="utf-8") as f:
         return loads(f.read())
 

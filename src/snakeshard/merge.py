@@ -21,7 +21,7 @@ from pathlib import Path
 
 from snakeshard.atomic import atomic_write_bytes, atomic_write_json
 from snakeshard.errors import MergeError, SnakeshardError
-from snakeshard.plan import read_shard_keys
+from snakeshard.shard_files import read_shard_keys
 
 MAX_LISTED = 5
 FIELDS_FILE = "fields.json"  # beside the merged files: per field, its format and index file

@@ -30,7 +30,7 @@ from snakeshard.atomic import atomic_write_json, atomic_write_text, write_if_cha
 from snakeshard.data import Item, check_audio_exists, fill_durations, is_pipe, read_items, shard_items_text, source_spec
 from snakeshard.errors import ConfigError
 from snakeshard.fingerprint import digest, keys_digest, keys_text
-from snakeshard.shard_files import SHARD_ITEMS, read_keys_file, read_shard_keys  # noqa: F401 (read_*: the planner's API too)
+from snakeshard.shard_files import KEYS_FILE, SHARD_ITEMS
 
 # 2: per-shard record digests and audio_files.json; 3: split.N/items.json; 4: its items and fields apart
 PLAN_FORMAT = 4
@@ -178,7 +178,7 @@ def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> di
         plan = json.loads(plan_path.read_text())
         # os.path on strings, not Path objects: this runs at every parse, 10,000 checks at 10,000 shards
         if plan.get("signature") == input_signature(dataset, sharding) and all(
-            os.path.isfile(f"{set_dir}/split.{n}/keys") and os.path.isfile(f"{set_dir}/split.{n}/{SHARD_ITEMS}")
+            os.path.isfile(f"{set_dir}/split.{n}/{KEYS_FILE}") and os.path.isfile(f"{set_dir}/split.{n}/{SHARD_ITEMS}")
             for n in range(plan["num_shards"])
         ) and os.path.isfile(set_dir / AUDIO_FILES):
             return plan
@@ -187,7 +187,7 @@ def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> di
     plan, shard_keys, shards = make_plan(dataset, sharding)
     set_dir.mkdir(parents=True, exist_ok=True)
     for n, (keys, items) in enumerate(zip(shard_keys, shards)):
-        write_if_changed(set_dir / f"split.{n}" / "keys", keys_text(keys))  # a rule input: its mtime matters
+        write_if_changed(set_dir / f"split.{n}" / KEYS_FILE, keys_text(keys))  # a rule input: its mtime matters
         atomic_write_text(set_dir / f"split.{n}" / SHARD_ITEMS, shard_items_text(items), fsync=False)
     atomic_write_json(set_dir / AUDIO_FILES, [audio_files(shard) for shard in shards], fsync=False)
     atomic_write_json(plan_path, plan)  # last: a plan.json on disk means its other files are written

@@ -1,6 +1,6 @@
 """Three fixes to Snakemake 9's driver costs, applied by the workflow (``workflow/rules/common.smk``).
 
-Both replace a private method, are written against Snakemake 9.27.1 and are applied only where the
+Each replaces a private method, is written against Snakemake 9.27.1 and are applied only where the
 method exists under that name; elsewhere Snakemake runs as shipped. Nothing else changes.
 
 1. One pending scheduler wake-up at a time. ``JobScheduler.schedule`` ends every pass, when a job

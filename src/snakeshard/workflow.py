@@ -17,7 +17,8 @@ from snakeshard.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
 from snakeshard.errors import ConfigError, DataError
 from snakeshard.fingerprint import (audio_identity, digest, inputs_digest, keys_text, records_digest,
                                     shard_fingerprint, shard_inputs_text, stage_fingerprint)
-from snakeshard.plan import ensure_plan, read_audio_files, read_shard_keys
+from snakeshard.plan import ensure_plan, read_audio_files
+from snakeshard.shard_files import KEYS_FILE, read_shard_keys
 from snakeshard.writers import check_outputs_config
 
 # The canary's shard dir, beside the stage's dataset dirs (dataset names cannot start with "_").
@@ -532,7 +533,7 @@ class Workflow:
         keys = read_shard_keys(f"{base}/split.0")[:n] if n else []  # off: read nothing at parse
         stage_fp = self.stage_fps[stage, ds]
         canary_dir = f"{self.out}/{stage}/{CANARY_DIR}/{stage_fp}"
-        write_if_changed(f"{canary_dir}/keys", keys_text(keys))
+        write_if_changed(f"{canary_dir}/{KEYS_FILE}", keys_text(keys))
         return {"dir": canary_dir, "items": len(keys), "spec": f"{base}/spec.json", "fingerprint": stage_fp,
                 "upstream": self.upstream_merged(stage, ds)}
 
