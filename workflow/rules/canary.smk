@@ -8,9 +8,14 @@
 # downstream of a job that has to run, so a canary rerun must never happen unless all of the stage's
 # shards rerun too. Hence its output lives under the stage fingerprint (`_canary/<fp>/done`, a new
 # path exactly when every shard's fingerprint changes), it has no input, params or command that
-# change otherwise, and shard jobs take it through ancient(): only its existence matters. Turning the
-# canary on or off changes only its keys file, so it never reruns finished shards; with `canary: 0`
-# the job writes its done without building anything.
+# change otherwise. Shard jobs take it as a plain input, not through ancient(): a canary that has to run
+# while its done exists (after a driver killed mid-canary, --rerun-incomplete forces it) masks every
+# job below it from Snakemake's own checks, and an ancient() input that exists stops the walk down from
+# it, so the rerun ran the canary alone and ended "1 of 1 steps done" with every shard still missing.
+# As a plain input, a canary rerun reruns the stage's shards; it reruns only when they do anyway (a new
+# fingerprint), or when asked to (--forcerun, its done deleted). Turning the canary on or off changes
+# only its keys file, so it never reruns finished shards; with `canary: 0` the job writes its done
+# without building anything.
 
 
 for _stage, _canary in WF.canaries.items():

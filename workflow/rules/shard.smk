@@ -46,7 +46,7 @@ for _stage in [stage for stage in config["stages"] if WF.shards_per_job(stage) =
             f"shard_{_stage}"
         input:
             shard_keys=f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/keys",
-            canary=ancient(f"{WF.canaries[_stage]['dir']}/done"),  # existence only: see canary.smk
+            canary=f"{WF.canaries[_stage]['dir']}/done",  # see canary.smk
             upstream=_f.upstream,
         output:
             done=f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/done",
@@ -77,7 +77,7 @@ for _stage in [stage for stage in config["stages"] if WF.shards_per_job(stage) >
             f"shard_{_stage}"
         input:
             shard_keys=_f.group_keys,
-            canary=ancient(f"{WF.canaries[_stage]['dir']}/done"),
+            canary=f"{WF.canaries[_stage]['dir']}/done",
             upstream=_f.upstream,
         output:
             done=f"{WF.out}/{_stage}/{{dataset}}/jobs/shards.{{first}}-{{last}}.done",
