@@ -35,6 +35,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes | list[bytes], *, fs
         fsync_dir(os.path.dirname(path) or ".")
 
 
+_TEMP_TOKEN_CHARS = 12  # hex digits of the random part of a temp name (6 bytes)
+
+
 def _create_temp_beside(path: str) -> tuple[int, str]:
     """A new file ``.NAME.<random>.tmp`` in ``path``'s directory, opened for writing: (fd, its path).
 
@@ -44,12 +47,31 @@ def _create_temp_beside(path: str) -> tuple[int, str]:
     """
     parent, name = os.path.split(path)
     for _ in range(100):
-        tmp = os.path.join(parent, f".{name}.{os.urandom(6).hex()}.tmp")
+        tmp = os.path.join(parent, f".{name}.{os.urandom(_TEMP_TOKEN_CHARS // 2).hex()}.tmp")
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
         except FileExistsError:
             continue
     raise FileExistsError(f"no unused temporary name beside {path}")
+
+
+def remove_temps_of(path: str | os.PathLike) -> list[str]:
+    """Remove the temp files a writer of ``path`` killed before its rename left beside it (``.NAME.<hex>.tmp``,
+    only those: other dot files are not ours); returns their paths. For a writer that runs alone on
+    ``path`` (the merge of a set): another live writer's temp file would go too."""
+    parent, name = os.path.split(os.fspath(path))
+    prefix, removed = f".{name}.", []
+    try:
+        entries = list(os.scandir(parent or "."))
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        token = entry.name[len(prefix):-len(".tmp")]
+        if (entry.name.startswith(prefix) and entry.name.endswith(".tmp") and len(token) == _TEMP_TOKEN_CHARS
+                and all(c in "0123456789abcdef" for c in token) and entry.is_file(follow_symlinks=False)):
+            os.unlink(entry.path)
+            removed.append(entry.path)
+    return removed
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

@@ -75,13 +75,16 @@ def cmd_report(args) -> int:
 
 
 def merged_state(set_dir: Path, inputs: str) -> str:
-    """yes (made from the current plan's inputs) / stale (from other inputs) / no."""
-    from snakeshard.merge import merged_record
+    """yes (made from the current plan's inputs, here) / stale (from other inputs) / moved (its scp files point
+    into the directory it was made in) / no."""
+    from snakeshard.merge import merged_record, moved_from
 
     record = merged_record(set_dir)
     if record is None:
         return "no"
-    return "yes" if record.get("inputs") == inputs else "stale"
+    if record.get("inputs") != inputs:
+        return "stale"
+    return "moved" if moved_from(set_dir, record) else "yes"
 
 
 # What a stale shard's done differs in, in the words status uses.
@@ -94,7 +97,7 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple
     """(state, detail): done, stale (with what changed), unreadable, failed (with log tail),
     incomplete (started, no result), pending. ``expected``: the shard's entry in the current fingerprints.
     ``log`` may be a job's of several shards (``shards_per_job``): the error line naming ``shard`` counts."""
-    from snakeshard.merge import UnreadableDone, read_done
+    from snakeshard.merge import UnreadableDone, holds_paths, made_elsewhere, moved_fix, read_done
 
     try:
         done = read_done(shard_dir)
@@ -102,6 +105,9 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple
         return "unreadable", str(e)
     if done is not None:
         if done.get("fingerprint") == expected["fingerprint"]:
+            if made_elsewhere(done.get("shard_dir"), shard_dir) and holds_paths(done.get("fragments")):
+                return "moved", (f"computed in {done['shard_dir']}: its scp files point there; "
+                                 + moved_fix(shard_dir.parent.parent.name))
             return "done", ""
         had = done.get("inputs") or {}
         changed = [what for part, what in STALE_CAUSES.items() if part in had and had[part] != expected[part]]
@@ -117,6 +123,21 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple
         return "incomplete", ("started, no done: running now, or killed (if its log has no error, the "
                               "cause may be in snakemake's own output)")
     return "pending", ""
+
+
+def merged_line(merged: str, set_dir: Path, stage: str, removed: bool) -> str:
+    """What status says of a set's merge (see merged_state)."""
+    from snakeshard.merge import merged_record, moved_fix
+
+    if merged == "yes":
+        return "yes, current" + (" (the merged output does not need the removed shards' done files)" if removed else "")
+    if merged == "stale":
+        return ("stale (made from other data, config or code than the current plan; snakeshard refuses to read it, "
+                "the next successful snakemake run replaces it)")
+    if merged == "moved":
+        return (f"moved (made in {merged_record(set_dir)['set_dir']}, and its scp files point there; snakeshard "
+                f"refuses to read it): {moved_fix(stage)}")
+    return "no"
 
 
 def cmd_status(args) -> int:
@@ -143,25 +164,19 @@ def cmd_status(args) -> int:
             print(f"  split.{n:<5} {state:<10} {shard['items']:>7} items  {detail if state != 'failed' else ''}".rstrip())
             if state == "failed":
                 print(f"      log {log}:\n{detail}")
-        print("  merged: " + {
-            "yes": "yes, current" + (" (the merged output does not need the removed shards' done files)"
-                                     if counts.get("removed") else ""),
-            "stale": "stale (made from other data, config or code than the current plan; snakeshard refuses to "
-                     "read it, the next successful snakemake run replaces it)",
-            "no": "no",
-        }[merged])
+        print("  merged: " + merged_line(merged, base, stage, bool(counts.get("removed"))))
     print("summary: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     return 0
 
 
 def cmd_wer(args) -> int:
-    from snakeshard.merge import merged_record, require_current
+    from snakeshard.merge import require_current
     from snakeshard.wer import word_error_rate
     from snakeshard.workflow import read_fingerprints
 
     set_dir = Path(args.hyp).parent
     fingerprints = read_fingerprints(set_dir)
-    if fingerprints is not None and merged_record(set_dir) is not None:  # a snakeshard merged output
+    if fingerprints is not None:  # a snakeshard set: read only a current merge (not one a failed rerun left)
         require_current(set_dir, fingerprints["inputs"])
     normalize = [n for n in (args.normalize or "").split(",") if n]
     text = f"{word_error_rate(args.ref, args.hyp, normalize).summary()} hyp={args.hyp} ref={args.ref}"

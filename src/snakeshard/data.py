@@ -90,7 +90,7 @@ def read_text_lines(path: Path) -> list[str]:
 
 def _stream_lines(path: Path):
     """The lines of a UTF-8 text file (one this package wrote), one at a time, without newlines."""
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", newline="\n") as f:  # split on "\n" only, as read_text_lines does
         for line in f:
             yield line[:-1] if line.endswith("\n") else line
 
@@ -298,10 +298,12 @@ def read_items(spec: dict, with_records: bool = True) -> list[Item]:
 def validate_keys(items: list[Item], name: str) -> None:
     if not items:
         raise DataError(f"dataset {name} has no items: the key list is empty")
-    bad = [i for i in items if i.key.split() != [i.key]]  # empty, or holding whitespace (one C call per key)
+    # empty, holding whitespace (one C call per key), or a control character (NUL, ESC, DEL: a file name or a
+    # terminal mangles them; isprintable() first, a C call that passes ASCII keys)
+    bad = [i for i in items if i.key.split() != [i.key] or not i.key.isprintable() and _has_control(i.key)]
     if bad:
         listed = ", ".join(f"{i.key!r} ({i.source})" for i in bad[:MAX_LISTED])
-        raise DataError(f"{len(bad)} key(s) are empty or contain whitespace: {listed}")
+        raise DataError(f"{len(bad)} key(s) are empty or contain whitespace or control characters: {listed}")
     first_seen: dict[str, str] = {}
     dupes = []
     for item in items:
@@ -311,6 +313,10 @@ def validate_keys(items: list[Item], name: str) -> None:
             first_seen[item.key] = item.source
     if dupes:
         raise DataError(f"{len(dupes)} duplicate key(s): " + ", ".join(dupes[:MAX_LISTED]))
+
+
+def _has_control(key: str) -> bool:
+    return any(c < " " or "\x7f" <= c < "\xa0" for c in key)  # Unicode's Cc: C0, DEL and C1
 
 
 def check_audio_exists(items: list[Item]) -> None:
@@ -395,6 +401,18 @@ class KaldiDataset:
             raise DataError(f"key {key!r} ({item.source}) has no audio")
         return read_item_audio(item, dtype=dtype, sample_rate=self.spec.get("sample_rate"),
                                max_overshoot=float(source_spec(self.spec).get("max_segment_overshoot", 0.0)))
+
+
+    def load_mono_audio(self, key: str, dtype: str = "float32"):
+        """``load_audio``, for a stage that reads one channel: a multi-channel recording is refused naming the
+        key, its file and the fix (a library fed 2-D samples fails naming neither)."""
+        samples, rate = self.load_audio(key, dtype=dtype)
+        if samples.ndim != 1:
+            item = self._item(key)
+            raise DataError(f"key {key!r} ({item.source}): {item.audio} has {samples.shape[1]} channels, and this "
+                            "stage reads one: downmix it (sox IN.wav -c 1 OUT.wav, or a wav.scp pipe "
+                            "'sox IN.wav -c 1 -t wav - |')")
+        return samples, rate
 
 
 class StageOutputDataset(KaldiDataset):

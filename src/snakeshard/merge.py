@@ -19,7 +19,7 @@ import re
 import zlib
 from pathlib import Path
 
-from snakeshard.atomic import atomic_write_bytes, atomic_write_json
+from snakeshard.atomic import atomic_write_bytes, atomic_write_json, remove_temps_of
 from snakeshard.errors import MergeError, SnakeshardError
 from snakeshard.shard_files import read_shard_keys
 
@@ -34,7 +34,23 @@ class UnreadableDone(SnakeshardError):
 
 
 class StaleMergedOutput(SnakeshardError):
-    """A merged output that was made from other inputs than the current plan's."""
+    """A merged output that was made from other inputs than the current plan's (or in another directory)."""
+
+
+def holds_paths(files) -> bool:
+    """True if any of these index files is an scp (``key path``): the default writers' ark, npy, wav and flac
+    fields and a custom writer's ``*.scp``. Their paths are absolute, so a moved or copied project's point
+    back at where it was made; text and JSON Lines move with the project."""
+    return any(str(name).endswith(".scp") for name in files or ())
+
+
+def made_elsewhere(recorded: str | None, here) -> bool:
+    """True if ``recorded`` (the absolute dir a done or merged.json was written in) is not ``here``."""
+    return recorded is not None and os.path.realpath(recorded) != os.path.realpath(here)
+
+
+def moved_fix(stage: str) -> str:
+    return f"recompute them here: snakemake --profile <your profile> --forcerun shard_{stage}"
 
 
 def rerun_command(done_path) -> str:
@@ -98,6 +114,9 @@ def check_shards(set_dir: Path, plan: dict, shard_fps: list[str]) -> list[Path]:
         elif done.get("items") != shard["items"] or done.get("keys_digest") != shard["keys_digest"]:
             problems.append(f"shard {shard['shard']}: done records {done.get('items')} items / keys "
                             f"{done.get('keys_digest')}, plan has {shard['items']} / {shard['keys_digest']}")
+        elif made_elsewhere(done.get("shard_dir"), shard_dir) and holds_paths(done.get("fragments")):
+            problems.append(f"shard {shard['shard']} was computed in {done['shard_dir']} (the project was moved or "
+                            f"copied since): its scp files point there; {moved_fix(set_dir.parent.name)}")
         else:
             problems.extend(_state_file_problems(shard_dir, done))
     if problems:
@@ -238,7 +257,7 @@ def _checked_index(shard_dir: Path, done: dict, field: str) -> bytes:
     if "ark" in meta:
         _check_ark_sample(path, data, meta["ark"])
     elif "dir" in meta:
-        for line in data.decode("utf-8").splitlines():
+        for line in data.decode("utf-8").split("\n")[:-1]:
             key, _, file = line.partition(" ")
             if not os.path.exists(file):
                 raise MergeError(f"{path}: key {key!r} points at {file}, which does not exist")
@@ -270,7 +289,7 @@ def _checked_lines(shard_dir: Path, name: str, keys: list[str]) -> str:
     """A fragment no default writer checked: every planned key exactly once, in plan order; scp paths made absolute."""
     where = f"{shard_dir}/{name}"
     try:
-        text = (shard_dir / name).read_text(encoding="utf-8")
+        text = (shard_dir / name).read_bytes().decode("utf-8")  # lines end at "\n" only (no universal newlines)
     except FileNotFoundError:
         raise MergeError(f"{where}: fragment missing (other shards wrote {name!r})") from None
     lines = text.split("\n")
@@ -300,8 +319,10 @@ def merge_set(set_dir: Path, plan: dict, fingerprints: dict, runner_cls) -> dict
     shard_dirs = check_shards(set_dir, plan, shard_fps)
     files = runner_cls.merge(shard_dirs, set_dir) or []
     record = {"items": plan["num_items"], "shards": plan["num_shards"], "fingerprint": fingerprints["stage"],
-              "inputs": fingerprints["inputs"], "files": list(files)}
+              "inputs": fingerprints["inputs"], "files": list(files), "set_dir": os.path.abspath(set_dir)}
     atomic_write_json(set_dir / "merged.json", record)
+    for name in [*record["files"], "merged.json"]:  # what a merge killed before its renames left
+        remove_temps_of(set_dir / name)
     return record
 
 
@@ -314,12 +335,24 @@ def merged_record(set_dir) -> dict | None:
         return None
 
 
+def moved_from(set_dir, record: dict) -> str | None:
+    """Where a merged set whose scp files point into another directory was made (None: not moved, or
+    nothing in it holds a path)."""
+    made = record.get("set_dir")
+    return made if made_elsewhere(made, set_dir) and holds_paths(record.get("files")) else None
+
+
 def require_current(set_dir, inputs: str) -> dict:
-    """``set_dir``'s merged.json if it was made from ``inputs`` (the current plan's digest); else an error
-    saying the merged files there are missing or stale. Every reader of merged output calls this first."""
+    """``set_dir``'s merged.json if it was made from ``inputs`` (the current plan's digest), here; else an
+    error saying the merged files there are missing, stale or moved. Every reader of merged output calls this
+    first."""
     record = merged_record(set_dir)
     if record is None:
         raise StaleMergedOutput(f"{set_dir} is not merged (no merged.json): run snakemake first")
+    made = moved_from(set_dir, record)
+    if made:
+        raise StaleMergedOutput(f"{set_dir} was merged in {made} (the project was moved or copied since): its scp "
+                                f"files point there; {moved_fix(Path(set_dir).parent.name)}")
     if record.get("inputs") != inputs:
         raise StaleMergedOutput(
             f"{set_dir}: the merged output is stale: it was made from other inputs than the current plan "

@@ -19,13 +19,14 @@ import time
 from snakeshard import __version__
 from snakeshard.atomic import atomic_write_json
 from snakeshard.contract import FieldWriters, injected_kwargs, overrides
-from snakeshard.errors import ShardError, SnakeshardError
+from snakeshard.errors import ContractError, ShardError, SnakeshardError
 from snakeshard.fingerprint import digest_bytes
 from snakeshard.fingerprint import keys_digest as digest_keys
 from snakeshard.progress import ProgressLog
 from snakeshard.shard_files import KEYS_FILE, SHARD_ITEMS, read_keys_file
 
 ATTEMPT_FILE = ".attempt"
+MAX_LISTED = 5
 KEEP_ON_CLEAR = {KEYS_FILE, SHARD_ITEMS}  # written by the plan: the next parse reuses the plan only if they are there
 
 
@@ -70,11 +71,45 @@ def _lengths(runner_cls, env, keys, where, purpose="") -> list[float]:
     return lengths
 
 
+def _runner_name(runner_cls) -> str:
+    return f"{runner_cls.__module__}.{runner_cls.__qualname__}"
+
+
+def _index_fragments(runner_cls, writers, returned, shard_dir: str) -> list[str]:
+    """The per-key index files the merge concatenates: what ``close_writers`` returned, plus those of the
+    default writers it left out. ESPnet3's ``close_writers`` returns nothing; taken at its word, the merge
+    merged nothing and said it was done. Other writers' hooks that return None while the shard dir holds
+    files are an error naming them (``[]`` says that none of them is per-key)."""
+    hook = f"{_runner_name(runner_cls)}.close_writers"
+    if returned is not None and not (isinstance(returned, (list, tuple)) and all(isinstance(n, str) for n in returned)):
+        raise ContractError(f"{hook} returned {returned!r}: it returns the list of file names (in the shard dir) "
+                            "of the per-key index files the merge concatenates")
+    fragments = list(returned or [])
+    if isinstance(writers, FieldWriters):
+        fragments += [name for name in writers.close() if name not in fragments]  # closes them if the hook did not
+    elif returned is None:
+        written = sorted(e.name for e in os.scandir(shard_dir) if e.name not in KEEP_ON_CLEAR and e.name != ATTEMPT_FILE)
+        if written:
+            raise ContractError(f"{hook} returned None, but its writers wrote {written[:MAX_LISTED]} into {shard_dir}: "
+                                "return the names of the per-key index files the merge concatenates ('key value' "
+                                "text, 'key path' scp, JSON Lines), or [] if none of these files is one")
+    missing = [name for name in fragments if not os.path.isfile(os.path.join(shard_dir, name))]
+    if missing:
+        raise ContractError(f"{hook} returned {missing[:MAX_LISTED]}, which {shard_dir} does not hold")
+    return fragments
+
+
 def _durable_state_files(shard_dir: str, names: list[str]) -> dict:
     """Per file ``finalize_state`` wrote: its size and CRC-32, for the merge to check (as it checks field
     indexes). Each is fsynced, so a done that survives a power loss never points at a lost state file."""
     import zlib
 
+    taken = sorted(set(names) & (KEEP_ON_CLEAR | {"done"}))
+    if taken:
+        for name in taken:  # overwritten: removed, so the next parse writes the plan's files again
+            os.unlink(os.path.join(shard_dir, name))
+        raise ContractError(f"finalize_state wrote {taken[0]!r}, a name the plan and the shard job use in the shard "
+                            "dir; name the state file otherwise")
     record = {}
     for name in names:
         with open(os.path.join(shard_dir, name), "rb") as f:
@@ -259,7 +294,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
             results.sort(key=lambda r: position[r["key"]])
         return results
     try:
-        fragments = runner_cls.close_writers(writers, state, **env) or []
+        fragments = _index_fragments(runner_cls, writers, runner_cls.close_writers(writers, state, **env), shard_dir)
         state_files = _durable_state_files(shard_dir, runner_cls.finalize_state(state, hook_dir, **env) or [])
     except SnakeshardError as e:
         raise ShardError(f"{where}: {e}") from None
@@ -278,6 +313,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
         "start": round(started, 3),
         "end": round(time.time(), 3),
         "host": os.uname().nodename,  # what socket.gethostname() returns, without importing socket
+        "shard_dir": os.path.abspath(shard_dir),  # its scp files point here: a moved project is told (merge.py)
         "snakeshard": __version__,
     }
     with open(os.path.join(shard_dir, ATTEMPT_FILE)) as f:

@@ -35,9 +35,15 @@ DEFAULT_FORMAT = {"scalar": "text", "array": "ark", "audio": "wav", "json": "jso
 FORMAT_KINDS = {"text": {"scalar", "json"}, "jsonl": {"scalar", "json", "array"}, "ark": {"array"},
                 "npy": {"array"}, "wav": {"audio"}, "flac": {"audio"}}
 FORMAT_OPTIONS = {"ark": {"compression_method"}, "wav": {"subtype"}, "flac": {"subtype"}}
-# Names a field cannot take: files of the shard dir and of the merged set dir.
-RESERVED_NAMES = frozenset({"keys", "done", "fields.json", "merged.json", "plan.json", "spec.json",
-                            "fingerprints.json", "audio_files.json", "logs"})
+# Names a field cannot take: files of the shard dir (keys, items.json, done: the plan's and the job's) and of
+# the merged set dir (jobs/: the done files of jobs of several shards).
+RESERVED_NAMES = frozenset({"keys", "items.json", "done", "fields.json", "merged.json", "plan.json", "spec.json",
+                            "fingerprints.json", "audio_files.json", "logs", "jobs"})
+# What str.splitlines() splits on. Every line-based file here is split on "\n" alone, but a user's tools
+# may split on any of these (Python's text mode splits on "\r"), so a text value holding one is refused,
+# and JSON Lines escape the three that JSON leaves as they are (\x85, \u2028, \u2029).
+LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_JSON_RAW_BREAKS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 # A field name is a file name (letters, digits, _ . -, not starting with . or -), optionally under one group
 # directory ("collect_feats/feats", as ESPnet's collect_stats lays out its collected features); the group dir
 # is created in the shard and merged dirs.
@@ -162,9 +168,18 @@ class _Field:
 
     def _reorder(self, order: list[str]) -> None:
         path = os.path.join(self.shard_dir, self.index_name)
-        with open(path, encoding="utf-8") as f:
-            lines = dict(zip(self.keys, f.read().splitlines(keepends=True)))
-        _rewrite(path, "".join(lines[k] for k in order))
+        lines = dict(zip(self.keys, _read_lines(path)))
+        _rewrite(path, "".join(lines[k] + "\n" for k in order))
+
+
+def _read_lines(path: str) -> list[str]:
+    """The lines of an index file this module wrote: split on "\n" only, as every reader here does."""
+    with open(path, encoding="utf-8", newline="") as f:
+        return f.read().split("\n")[:-1]
+
+
+def has_line_break(text: str) -> bool:
+    return any(c in text for c in LINE_BREAKS)
 
 
 def _rewrite(path: str, text: str) -> None:
@@ -185,11 +200,16 @@ class TextField(_Field):
                 raise ContractError(f"item {key!r}: field {self.name!r} is {value}; list the field under the "
                                     "stage's allow_nonfinite if that is a valid result")
             value = str(value)
-        if "\n" in value:
-            raise ContractError(f"item {key!r}: field {self.name!r} holds a newline, which would break the "
-                                f"{self.name} file")
+        if has_line_break(value):
+            raise ContractError(f"item {key!r}: field {self.name!r} holds a line break ({_first_break(value)!r}), "
+                                f"which would split its line of the {self.name} file; remove it in forward, or "
+                                f"write the field as JSON Lines (stages.<stage>.outputs.{self.name}.format: jsonl)")
         self.index.write(f"{key} {value}\n")
         self.keys.append(key)
+
+
+def _first_break(text: str) -> str:
+    return next(c for c in text if c in LINE_BREAKS)
 
 
 def _json_default(value):
@@ -221,6 +241,9 @@ class JsonlField(_Field):
                                 "the stage's allow_nonfinite if that is a valid result") from None
         except TypeError as e:
             raise ContractError(f"item {key!r}: field {self.name!r}: {e}") from None
+        if any(c in line for c in _JSON_RAW_BREAKS):
+            for c, escaped in _JSON_RAW_BREAKS.items():
+                line = line.replace(c, escaped)
         self.index.write(line + "\n")
         self.keys.append(key)
 
@@ -238,6 +261,32 @@ def check_finite(array, key: str, name: str) -> None:
         bad = int(np.flatnonzero(~np.isfinite(array.ravel()))[0])
         raise ContractError(f"item {key!r}: field {name!r} holds {array.ravel()[bad]} (flat index {bad}); "
                             "list the field under the stage's allow_nonfinite if that is a valid result")
+
+
+class _ShapeCheck:
+    """A field of arrays keeps one number of dims and one trailing shape (all but the first dim, the frames):
+    the first key's. A feature matrix of another width in one ark would reach training as a crash or a
+    silent broadcast; the merge also refuses shards that disagree (the shape is part of the field's meta)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.shape: tuple | None = None  # the first key's shape with its first dim left out
+
+    def check(self, key: str, array) -> None:
+        shape = array.shape
+        if self.shape is None:
+            self.shape = (None, *shape[1:]) if shape else ()
+        elif len(shape) != len(self.shape) or shape[1:] != self.shape[1:]:
+            raise ContractError(f"item {key!r}: field {self.name!r} is an array of shape {shape}, but earlier keys "
+                                f"gave it shape {_shape_text(self.shape)} (a field keeps its number of dims and "
+                                "all but its first dim)")
+
+    def meta(self) -> dict:
+        return {} if self.shape is None else {"shape": list(self.shape)}
+
+
+def _shape_text(shape: tuple) -> str:
+    return "(" + ", ".join("N" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def all_finite(arrays: list) -> bool:
@@ -263,6 +312,7 @@ class ArkField(_Field):
         self.end = 0  # where the next record starts
         self.compression = self.options.get("compression_method")
         self._save_ark, self._ndarray = kaldiio.save_ark, numpy.ndarray
+        self.shape = _ShapeCheck(self.name)
 
     def write(self, key: str, value) -> None:
         self.write_column([key], [value])
@@ -274,6 +324,8 @@ class ArkField(_Field):
         if not (self.allow_nonfinite or all_finite(arrays)):
             for key, array in zip(keys, arrays):  # find the key, name it
                 check_finite(array, key, self.name)
+        for key, array in zip(keys, arrays):
+            self.shape.check(key, array)
         save, ark, compression, ark_path = self._save_ark, self.ark, self.compression, self.ark_path
         start, lines = self.end, []
         try:
@@ -301,15 +353,14 @@ class ArkField(_Field):
         super().close(order)
 
     def meta(self) -> dict:
-        return {**super().meta(), "ark": self.ark_path}
+        return {**super().meta(), **self.shape.meta(), "ark": self.ark_path}
 
     def _reorder(self, order: list[str]) -> None:
         """Copy each record's bytes into a new ark in plan order. Records lie back to back in written
         order, so each one runs from its key to where the next one's key starts."""
         index = os.path.join(self.shard_dir, self.index_name)
-        with open(index, encoding="utf-8") as f:
-            starts = [int(line.rpartition(":")[2]) - len(key.encode()) - 1
-                      for key, line in zip(self.keys, f.read().splitlines())]
+        starts = [int(line.rpartition(":")[2]) - len(key.encode()) - 1
+                  for key, line in zip(self.keys, _read_lines(index))]
         span = dict(zip(self.keys, zip(starts, starts[1:] + [self.end])))
         parent, name = os.path.split(self.ark_path)
         tmp = os.path.join(parent, f".{name}.ordered")
@@ -368,10 +419,18 @@ class _PerKeyFileField(_Field):
 class NpyField(_PerKeyFileField):
     suffix = ".npy"
 
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.shape = _ShapeCheck(self.name)
+
+    def meta(self) -> dict:
+        return {**super().meta(), **self.shape.meta()}
+
     def write_file(self, path, key, value):
         import numpy as np
 
         array = to_numpy(value)
+        self.shape.check(key, array)
         if not self.allow_nonfinite:
             check_finite(array, key, self.name)
         np.save(path, array, allow_pickle=False)
@@ -419,6 +478,8 @@ class FieldWriters:
         self.writers: dict[str, _Field] = {}
         self.kinds: dict[str, str] = {}
         self.fields: dict[str, dict] = {}
+        self.closed = False
+        self.index_files: list[str] = []
 
     def _open(self, name: str, key: str, value, kind: str | None) -> _Field:
         check_field_name(name, f"item {key!r}")
@@ -488,7 +549,7 @@ class FieldWriters:
                     -_INF < v < _INF for v in values if type(v) is float):
                 return False  # a NaN or inf: the item-by-item path names it
             text = "".join([f"{k} {v}\n" for k, v in zip(keys, values)])
-            if text.count("\n") != len(keys):  # a value held a newline
+            if len(text.splitlines()) != len(keys):  # a value held a line break (keys hold none)
                 return False
             text_blocks.append((name, text))
         for name, text in text_blocks:
@@ -501,8 +562,13 @@ class FieldWriters:
         return True
 
     def close(self) -> list[str]:
-        """Close every field; returns the index files (what the merge concatenates)."""
+        """Close every field; returns the index files (what the merge concatenates). Closing again
+        returns them again: the shard loop closes the writers after a ``close_writers`` that did not."""
+        if self.closed:
+            return self.index_files
         for name, writer in self.writers.items():
             writer.close(self.order if self.order is not None else writer.keys)
             self.fields[name] = writer.meta()
-        return sorted(w.index_name for w in self.writers.values())
+        self.closed = True
+        self.index_files = sorted(w.index_name for w in self.writers.values())
+        return self.index_files

@@ -50,5 +50,5 @@ class PocketsphinxRunner(BaseRunner):
             raise RuntimeError(f"fail_on_keys asked to fail on {key!r}")
         if item_delay:
             time.sleep(item_delay)
-        samples, _ = dataset.load_audio(key, dtype="int16")
+        samples, _ = dataset.load_mono_audio(key, dtype="int16")
         return {"text": decode(decoder, samples)}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from snakeshard import BaseRunner, EnvironmentProvider
 from snakeshard.data import load_dataset
-from snakeshard.errors import ConfigError
+from snakeshard.errors import ConfigError, DataError
 
 DEFAULTS = {"num_mel_bins": 80, "frame_length": 25.0, "frame_shift": 10.0, "dither": 0.0, "snip_edges": True,
             "low_freq": 20.0, "high_freq": 0.0, "preemphasis_coefficient": 0.97, "remove_dc_offset": True,
@@ -64,9 +64,18 @@ def compute_fbank(samples, opts):
 
 
 def fbank_of(dataset, key: str, opts):
-    """(samples read, fbank) of one key of ``dataset``: its audio read as Kaldi reads wavs (int16 scale)."""
-    samples, _ = dataset.load_audio(key, dtype="int16")
-    return samples, compute_fbank(samples.astype("float32"), opts)
+    """(samples read, fbank) of one key of ``dataset``: its audio read as Kaldi reads wavs (int16 scale).
+
+    A recording shorter than one frame has no frames: refused naming the key (Kaldi's compute-fbank-feats
+    skips it with a warning; here every key's result holds every field, and an empty matrix would pass
+    into training and statistics unnoticed)."""
+    samples, rate = dataset.load_mono_audio(key, dtype="int16")
+    feats = compute_fbank(samples.astype("float32"), opts)
+    if not len(feats):
+        frame = opts.frame_opts.frame_length_ms
+        raise DataError(f"key {key!r}: {len(samples)} samples ({1000 * len(samples) / rate:.1f} ms) are shorter than "
+                        f"one {frame:g} ms frame: no fbank frames; leave it out of the dataset")
+    return samples, feats
 
 
 class FbankProvider(EnvironmentProvider):

@@ -68,7 +68,7 @@ class SileroVadRunner(BaseRunner):
         from silero_vad import get_speech_timestamps_from_probs
 
         batch = keys if isinstance(keys, list) else [keys]
-        waveforms = [dataset.load_audio(key, dtype="float32")[0] for key in batch]
+        waveforms = [dataset.load_mono_audio(key, dtype="float32")[0] for key in batch]
         results = []
         for wave, probs in zip(waveforms, speech_probabilities(model, waveforms, device)):
             segments = get_speech_timestamps_from_probs(probs.tolist(), sampling_rate=RATE,
