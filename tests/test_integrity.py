@@ -205,16 +205,17 @@ def test_names_the_shard_dir_uses_are_refused_and_a_rerun_recovers(tmp_path):
 
 
 def test_an_array_field_keeps_one_trailing_shape_in_a_shard_and_across_shards(tmp_path):
-    """(3, 80) then (3, 40), or a vector then a matrix, in one ark or npy field: the second key fails naming
-    both shapes. Shards that disagree (each alike inside) are refused by the merge naming the field."""
+    """(3, 80) then (3, 40), or a vector then a matrix, in one ark field: the second key fails naming both
+    shapes. Shards that disagree (each alike inside) are refused by the merge naming the field. (An npy field
+    takes arrays of any shape: it is the format for them.)"""
     from snakeshard.merge import merge_fragments
     from test_typed_outputs import run_table
 
     wide, narrow = np.zeros((3, 80), np.float32), np.zeros((3, 40), np.float32)
-    for fmt in ("ark", "npy"):
-        with pytest.raises(ShardError, match=r"item 'k1': field 'f' is an array of shape \(3, 40\), but earlier "
-                                             r"keys gave it shape \(N, 80\)"):
-            run_table(tmp_path / fmt, {"k0": {"f": wide}, "k1": {"f": narrow}}, outputs={"f": {"format": fmt}})
+    with pytest.raises(ShardError, match=r"item 'k1': field 'f' is an array of shape \(3, 40\), but earlier "
+                                         r"keys gave it shape \(N, 80\)"):
+        run_table(tmp_path / "ark", {"k0": {"f": wide}, "k1": {"f": narrow}})
+    run_table(tmp_path / "npy", {"k0": {"f": wide}, "k1": {"f": narrow}}, outputs={"f": {"format": "npy"}})
     with pytest.raises(ShardError, match=r"item 'k1': field 'f' is an array of shape \(3, 80\), but earlier keys "
                                          r"gave it shape \(N,\)"):
         run_table(tmp_path / "dims", {"k0": {"f": np.zeros(3, np.float32)}, "k1": {"f": wide}})

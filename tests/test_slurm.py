@@ -207,3 +207,43 @@ def test_broken_stage_submits_one_canary_job_not_one_per_shard(toy_workdir):
     assert "canary of stage 'upper' failed, so none of its shard jobs was started" in log
     assert "needs env key 'tokenizer'" in log
     assert not list((toy_workdir / TOY).glob("split.*/.attempt"))
+
+
+def test_driver_killed_then_its_jobs_cancelled_by_run_id_and_one_rerun_submits_each_missing_shard_once(toy_workdir):
+    """The README's recovery after the driver dies on SLURM: the dead run's ID from Snakemake's log, `scancel
+    --name` of its jobs still pending or running, --unlock, one rerun. The rerun submits exactly the shards
+    without a done, none of them twice, and no job of the dead run is left to run beside it."""
+    import psutil
+
+    set_stage(toy_workdir, "upper", provider_config={"item_delay": 1.0}, fingerprint_ignore=["item_delay"])
+    driver = subprocess.Popen(slurm_command(limit=300), cwd=toy_workdir, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in driver.stdout:  # until the four shard jobs are submitted
+        seen.append(line)
+        if sum(bool(SUBMITTED.search(x)) and "rule_shard_upper" in x for x in seen) == 4:
+            break
+    time.sleep(2)
+    for proc in psutil.Process(driver.pid).children(recursive=True):  # snakemake itself, under `timeout`
+        if "snakemake" in " ".join(proc.cmdline()):
+            proc.kill()
+    driver.kill()
+    driver.wait()
+    logs = sorted((toy_workdir / ".snakemake/log").glob("*.snakemake.log"))
+    run_id = re.search(r"SLURM run ID: (\S+)", logs[-1].read_text()).group(1)
+    assert subprocess.run(["squeue", "-h", "--name", run_id], capture_output=True, text=True).stdout.strip(), \
+        "the dead run's jobs should still be on the cluster"
+    subprocess.run(["scancel", "--name", run_id], check=True)
+    deadline = time.time() + 60
+    while subprocess.run(["squeue", "-h", "--name", run_id], capture_output=True, text=True).stdout.strip():
+        assert time.time() < deadline, "the dead run's jobs did not leave the queue"
+        time.sleep(0.5)
+    missing = [n for n in range(4) if not (toy_workdir / TOY / f"split.{n}/done").exists()]
+    assert missing, "every shard finished before the kill: the test proves nothing"
+    assert run_slurm(toy_workdir, "--unlock").returncode == 0
+    rerun = run_slurm(toy_workdir)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    resubmitted = sorted(int(log.split("toy_")[1].split("/")[0])
+                         for log in submitted(rerun.stdout + rerun.stderr).values() if "rule_shard_upper" in log)
+    assert resubmitted == missing
+    assert (toy_workdir / TOY / "text").read_text().splitlines() == [f"utt{i:03d} UTT{i:03d}" for i in range(40)]

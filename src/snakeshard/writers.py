@@ -264,9 +264,10 @@ def check_finite(array, key: str, name: str) -> None:
 
 
 class _ShapeCheck:
-    """A field of arrays keeps one number of dims and one trailing shape (all but the first dim, the frames):
-    the first key's. A feature matrix of another width in one ark would reach training as a crash or a
-    silent broadcast; the merge also refuses shards that disagree (the shape is part of the field's meta)."""
+    """An ark field keeps one number of dims and one trailing shape (all but the first dim, the frames): the
+    first key's. A feature matrix of another width in one ark would reach training as a crash or a silent
+    broadcast; the merge also refuses shards that disagree (the shape is part of the field's meta). An npy
+    field is the format for arrays of any rank and shape, and is not checked."""
 
     def __init__(self, name: str):
         self.name = name
@@ -419,18 +420,10 @@ class _PerKeyFileField(_Field):
 class NpyField(_PerKeyFileField):
     suffix = ".npy"
 
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.shape = _ShapeCheck(self.name)
-
-    def meta(self) -> dict:
-        return {**super().meta(), **self.shape.meta()}
-
     def write_file(self, path, key, value):
         import numpy as np
 
         array = to_numpy(value)
-        self.shape.check(key, array)
         if not self.allow_nonfinite:
             check_finite(array, key, self.name)
         np.save(path, array, allow_pickle=False)
