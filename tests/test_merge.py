@@ -105,7 +105,7 @@ def test_happy_path_concatenates_in_shard_order(tmp_path):
     assert json.loads((set_dir / "merged.json").read_text()) == record == {
         "items": 10, "shards": 3, "fingerprint": STAGE_FP,
         "inputs": inputs_digest([shard_fingerprint(STAGE_FP, s["keys_digest"]) for s in plan["shards"]]),
-        "files": ["text", "fields.json"]}
+        "files": ["text", "fields.json"], "set_dir": str(set_dir.resolve())}  # where it was made: see moved sets
     assert json.loads((set_dir / "fields.json").read_text()) == {"text": {"format": "text", "index": "text"}}
 
 
@@ -293,7 +293,8 @@ def test_typed_fields_merge_to_absolute_scp_and_fields_json(tmp_path):
     assert list(wavs) == KEYS and all(Path(p).is_absolute() for p in wavs.values())
     assert (soundfile.read(wavs["utt03"], dtype="int16")[0] == 3).all()
     fields = json.loads((set_dir / "fields.json").read_text())
-    assert fields == {"feats": {"format": "ark", "index": "feats.scp"}, "wav": {"format": "wav", "index": "wav.scp"}}
+    assert fields == {"feats": {"format": "ark", "index": "feats.scp", "shape": [None, 2]},  # frames x 2
+                      "wav": {"format": "wav", "index": "wav.scp"}}
 
 
 def test_refuses_a_truncated_or_missing_ark_and_a_missing_wav(tmp_path):
