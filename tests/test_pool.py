@@ -141,6 +141,41 @@ def test_an_item_over_its_timeout_fails_naming_it():
     assert wall < 30
 
 
+def test_a_worker_stuck_in_producer_init_fails_after_init_timeout_naming_its_device():
+    """A producer_init that hangs (60 s) with init_timeout=2: the call fails at ~2 s naming the worker, its device
+    and producer_init, and every worker is stopped. item_timeout (set here too) does not count start-up."""
+    out, wall = scenario("""
+        import time
+        import psutil
+        from snakeshard.pool import PoolError
+        from pool_cases import SlowInit
+        t0 = time.monotonic()
+        runner = SlowInit(["cpu", "meta"], {"slow": "meta", "init_s": 60}, item_timeout=1, init_timeout=2)
+        pids = [w.process.pid for w in runner._workers]
+        try:
+            runner(range(10))
+        except PoolError as e:
+            out = {"error": str(e), "seconds": time.monotonic() - t0}
+        out["alive"] = [psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids]
+        out["active"] = runner.is_activate
+    """, limit=30)
+    assert "worker 1 (meta) is still starting (producer_init) after 2 s (init_timeout)" in out["error"]
+    assert 2 <= out["seconds"] < 5, out["seconds"]
+    assert out["alive"] == [False, False] and out["active"] is False
+
+
+def test_item_timeout_does_not_count_a_workers_start_up():
+    """Loading a model may take far longer than an item: a 2 s producer_init under item_timeout=0.5 is no
+    failure (init_timeout, unset here, is the start-up's limit)."""
+    out, _ = scenario("""
+        from pool_cases import SlowInit
+        with SlowInit(["cpu", "meta"], {"slow": "meta", "init_s": 2}, item_timeout=0.5) as runner:
+            got = runner(range(6))
+        out = {"values": [v for v, _, _ in got], "devices": sorted({d for _, _, d in got})}
+    """)
+    assert out == {"values": [0, 1, 4, 9, 16, 25], "devices": ["cpu", "meta"]}
+
+
 def test_an_unpicklable_result_is_an_error_not_a_hang():
     out, _ = scenario("""
         from snakeshard.pool import PoolError
