@@ -8,6 +8,7 @@ The runner classes live in tests/pool_cases.py: spawned workers import them from
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -287,6 +288,39 @@ def test_item_timeout_fails_the_job_naming_the_key(tmp_path):
         wd / "results/upper/toy/logs/split.0.log").read_text()
 
 
+# A provider whose pool workers hang while building their env; the job's own process builds build_parent_env
+# (build_env_local), so only the workers call build_worker_setup_fn.
+SLOW_WORKER_PROVIDER = '''
+
+class SlowWorkerProvider(ToyProvider):
+    def build_worker_setup_fn(self):
+        time.sleep(float(self.config["worker_setup_s"]))
+        return self.build_env_local
+'''
+
+
+def test_worker_init_timeout_fails_the_job_naming_worker_and_device(tmp_path):
+    """Workers stuck 60 s building their env, worker_init_timeout: 3 (item_timeout: 5 does not count start-up):
+    the job fails within seconds naming the worker, its device and the option, and leaves no worker behind."""
+    import psutil
+
+    wd = toy_project(tmp_path, workers=2, item_timeout=5, worker_init_timeout=3, provider="toy.SlowWorkerProvider",
+                     provider_config={"worker_setup_s": 60}, sharding={"num_shards": 1})
+    with open(wd / "toy.py", "a") as f:
+        f.write(SLOW_WORKER_PROVIDER)
+    t0 = time.monotonic()
+    run = run_snakemake(wd, timeout=300)
+    elapsed = time.monotonic() - t0
+    out = run.stdout + run.stderr
+    assert run.returncode != 0 and elapsed < 40, (elapsed, out[-3000:])
+    assert re.search(r"worker [01] \(cpu\) is still starting \(building its env: build_worker_setup_fn\) after 3 s "
+                     r"\(worker_init_timeout\): stopping the pool", out), out[-3000:]
+    assert "shard pool: 2 worker(s) on cpu, cpu, ordered, item_timeout 5 s, worker_init_timeout 3 s" in (
+        wd / "results/upper/toy/logs/split.0.log").read_text()
+    left = [p for p in psutil.process_iter(["cwd"]) if p.info["cwd"] == str(wd)]
+    assert not left, left
+
+
 @pytest.mark.parametrize("stage, message", [
     ({"devices": "all"}, "stages.upper.devices: 'all' starts one worker per GPU of the job, but stages.upper.resources "
                          "asks for none"),
@@ -294,6 +328,9 @@ def test_item_timeout_fails_the_job_naming_the_key(tmp_path):
                                                         "stages.upper.resources.cpus_per_task is 2"),
     ({"workers": 2, "devices": "all", "resources": {"gpu": 2}}, "set workers (CPU processes) or devices: all"),
     ({"worker_order": "unordered"}, "stages.upper.worker_order: only for a pool"),
+    ({"worker_init_timeout": 600}, "stages.upper.worker_init_timeout: only for a pool"),
+    ({"workers": 2, "worker_init_timeout": 0}, "stages.upper.worker_init_timeout: 0 is less than or equal to the "
+                                               "minimum of 0"),
 ])
 def test_pool_config_errors_name_the_key_at_parse_time(tmp_path, stage, message):
     wd = toy_project(tmp_path, **stage)
