@@ -96,3 +96,13 @@ class EndWrites(Square):
     def producer_end(device, cfg):
         with open(os.path.join(cfg.end_dir, f"{os.getpid()}.end"), "w") as f:
             f.write(device)
+
+
+class SlowInit(Square):
+    """producer_init takes ``cfg.init_s`` seconds on device ``cfg.slow`` (a model that loads slowly, or never)."""
+
+    @staticmethod
+    def producer_init(device, cfg):
+        if device == cfg.slow:
+            time.sleep(cfg.init_s)
+        cfg.pid = os.getpid()

@@ -8,6 +8,7 @@ The runner classes live in tests/pool_cases.py: spawned workers import them from
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -141,6 +142,41 @@ def test_an_item_over_its_timeout_fails_naming_it():
     assert wall < 30
 
 
+def test_a_worker_stuck_in_producer_init_fails_after_init_timeout_naming_its_device():
+    """A producer_init that hangs (60 s) with init_timeout=2: the call fails at ~2 s naming the worker, its device
+    and producer_init, and every worker is stopped. item_timeout (set here too) does not count start-up."""
+    out, wall = scenario("""
+        import time
+        import psutil
+        from snakeshard.pool import PoolError
+        from pool_cases import SlowInit
+        t0 = time.monotonic()
+        runner = SlowInit(["cpu", "meta"], {"slow": "meta", "init_s": 60}, item_timeout=1, init_timeout=2)
+        pids = [w.process.pid for w in runner._workers]
+        try:
+            runner(range(10))
+        except PoolError as e:
+            out = {"error": str(e), "seconds": time.monotonic() - t0}
+        out["alive"] = [psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids]
+        out["active"] = runner.is_activate
+    """, limit=30)
+    assert "worker 1 (meta) is still starting (producer_init) after 2 s (init_timeout)" in out["error"]
+    assert 2 <= out["seconds"] < 5, out["seconds"]
+    assert out["alive"] == [False, False] and out["active"] is False
+
+
+def test_item_timeout_does_not_count_a_workers_start_up():
+    """Loading a model may take far longer than an item: a 2 s producer_init under item_timeout=0.5 is no
+    failure (init_timeout, unset here, is the start-up's limit)."""
+    out, _ = scenario("""
+        from pool_cases import SlowInit
+        with SlowInit(["cpu", "meta"], {"slow": "meta", "init_s": 2}, item_timeout=0.5) as runner:
+            got = runner(range(6))
+        out = {"values": [v for v, _, _ in got], "devices": sorted({d for _, _, d in got})}
+    """)
+    assert out == {"values": [0, 1, 4, 9, 16, 25], "devices": ["cpu", "meta"]}
+
+
 def test_an_unpicklable_result_is_an_error_not_a_hang():
     out, _ = scenario("""
         from snakeshard.pool import PoolError
@@ -252,6 +288,39 @@ def test_item_timeout_fails_the_job_naming_the_key(tmp_path):
         wd / "results/upper/toy/logs/split.0.log").read_text()
 
 
+# A provider whose pool workers hang while building their env; the job's own process builds build_parent_env
+# (build_env_local), so only the workers call build_worker_setup_fn.
+SLOW_WORKER_PROVIDER = '''
+
+class SlowWorkerProvider(ToyProvider):
+    def build_worker_setup_fn(self):
+        time.sleep(float(self.config["worker_setup_s"]))
+        return self.build_env_local
+'''
+
+
+def test_worker_init_timeout_fails_the_job_naming_worker_and_device(tmp_path):
+    """Workers stuck 60 s building their env, worker_init_timeout: 3 (item_timeout: 5 does not count start-up):
+    the job fails within seconds naming the worker, its device and the option, and leaves no worker behind."""
+    import psutil
+
+    wd = toy_project(tmp_path, workers=2, item_timeout=5, worker_init_timeout=3, provider="toy.SlowWorkerProvider",
+                     provider_config={"worker_setup_s": 60}, sharding={"num_shards": 1})
+    with open(wd / "toy.py", "a") as f:
+        f.write(SLOW_WORKER_PROVIDER)
+    t0 = time.monotonic()
+    run = run_snakemake(wd, timeout=300)
+    elapsed = time.monotonic() - t0
+    out = run.stdout + run.stderr
+    assert run.returncode != 0 and elapsed < 40, (elapsed, out[-3000:])
+    assert re.search(r"worker [01] \(cpu\) is still starting \(building its env: build_worker_setup_fn\) after 3 s "
+                     r"\(worker_init_timeout\): stopping the pool", out), out[-3000:]
+    assert "shard pool: 2 worker(s) on cpu, cpu, ordered, item_timeout 5 s, worker_init_timeout 3 s" in (
+        wd / "results/upper/toy/logs/split.0.log").read_text()
+    left = [p for p in psutil.process_iter(["cwd"]) if p.info["cwd"] == str(wd)]
+    assert not left, left
+
+
 @pytest.mark.parametrize("stage, message", [
     ({"devices": "all"}, "stages.upper.devices: 'all' starts one worker per GPU of the job, but stages.upper.resources "
                          "asks for none"),
@@ -259,6 +328,9 @@ def test_item_timeout_fails_the_job_naming_the_key(tmp_path):
                                                         "stages.upper.resources.cpus_per_task is 2"),
     ({"workers": 2, "devices": "all", "resources": {"gpu": 2}}, "set workers (CPU processes) or devices: all"),
     ({"worker_order": "unordered"}, "stages.upper.worker_order: only for a pool"),
+    ({"worker_init_timeout": 600}, "stages.upper.worker_init_timeout: only for a pool"),
+    ({"workers": 2, "worker_init_timeout": 0}, "stages.upper.worker_init_timeout: 0 is less than or equal to the "
+                                               "minimum of 0"),
 ])
 def test_pool_config_errors_name_the_key_at_parse_time(tmp_path, stage, message):
     wd = toy_project(tmp_path, **stage)

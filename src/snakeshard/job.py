@@ -189,10 +189,12 @@ def _start_pool(spec: dict, job_devices: list[str]):
 
     pooled = spec["pool"]
     devices = job_devices if pooled.get("devices") == "all" else ["cpu"] * int(pooled.get("workers") or 1)
-    print(f"shard pool: {len(devices)} worker(s) on {', '.join(devices)}, {pooled['order']}"
-          + (f", item_timeout {pooled['item_timeout']:g} s" if pooled.get("item_timeout") else ""), file=sys.stderr)
+    limits = "".join(f", {name} {pooled[name]:g} s" for name in ("item_timeout", "worker_init_timeout")
+                     if pooled.get(name))
+    print(f"shard pool: {len(devices)} worker(s) on {', '.join(devices)}, {pooled['order']}{limits}", file=sys.stderr)
     return forward_pool(devices, pooled["order"] == "ordered", spec["runner"], spec["provider"],
-                        {**spec["provider_config"], "dataset": spec["dataset"]}, pooled.get("item_timeout"))
+                        {**spec["provider_config"], "dataset": spec["dataset"]}, pooled.get("item_timeout"),
+                        pooled.get("worker_init_timeout"))
 
 
 def shard_id(text: str) -> int | str:

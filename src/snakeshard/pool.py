@@ -22,7 +22,11 @@ What never hangs, and how:
 * The caller waits on the pipes and the processes' sentinels together, 0.1 s at a time: a worker that
   raises is reported with the item, the device and its traceback; one that dies is reported with its
   exit code or signal and the item it held; the other workers are then terminated. Both within a second.
-* ``item_timeout`` (seconds) fails the call naming the item and device when one item takes longer.
+* ``item_timeout`` (seconds) fails the call naming the item and device when one item takes longer. Its
+  clock starts when a worker is ready: start-up (loading a model) may take many items' time.
+* ``init_timeout`` (seconds) fails the call naming the worker and device when a worker is still in
+  ``producer_init`` that long after it was started (a stuck model load, a hung download). None (the
+  default): no limit. Both are checked while a call runs, every 0.1 s.
 * A consumer hook that raises propagates; the workers are terminated first.
 * At most ``prefetch`` items wait at each worker (``queue_scale``, 3 by default), and an ordered run
   dispatches at most ``window`` items past the oldest unfinished one, which bounds its reorder buffer.
@@ -133,6 +137,7 @@ class _Worker:
         self.index, self.device, self.process, self.inbox, self.outbox = index, device, process, inbox, outbox
         self.held: deque = deque()  # (seq, item) sent and not answered, oldest first
         self.ready = False
+        self.started = time.monotonic()  # init_timeout counts from here (``since`` restarts as items go out)
         self.since = 0.0  # when its oldest held item started (ready, or the previous result came back)
 
     def __repr__(self) -> str:
@@ -178,14 +183,18 @@ def _stop(workers: list, grace: float) -> None:
 
 class _Runner:
     ordered = True
+    # how errors name start-up and its limit; a subclass may say it in its own users' words (shard_pool: the
+    # provider's env and the stage option)
+    init_step = "producer_init"
+    init_timeout_name = "init_timeout"
 
     def __init__(self, devices, cfg=None, queue_scale: float = 3.0, *, item_timeout: float | None = None,
-                 close_timeout: float = 10.0):
+                 init_timeout: float | None = None, close_timeout: float = 10.0):
         self.devices = pool_devices(devices)
         self.cfg = Cfg(**cfg) if isinstance(cfg, dict) else (cfg if cfg is not None else Cfg())
         self.prefetch = max(1, int(round(queue_scale)))
         self.window = self.prefetch * len(self.devices) * 2  # ordered: how far past the oldest unfinished item
-        self.item_timeout, self.close_timeout = item_timeout, close_timeout
+        self.item_timeout, self.init_timeout, self.close_timeout = item_timeout, init_timeout, close_timeout
         self._workers: list[_Worker] = []
         self._finalizer = None
         self.activate()
@@ -331,11 +340,19 @@ class _Runner:
                 if self.item_timeout and w.held and w.ready and time.monotonic() - w.since > self.item_timeout:
                     raise PoolError(f"{w}: item {w.held[0][1]!r} is still running after {self.item_timeout:g} s "
                                     "(item_timeout): stopping the pool")
+                if self._init_overdue(w):
+                    raise PoolError(f"{w} is still starting ({self.init_step}) after {self.init_timeout:g} s "
+                                    f"({self.init_timeout_name}): stopping the pool")
+
+    def _init_overdue(self, w: _Worker) -> bool:
+        """``w`` has not said ready within init_timeout (a ready just sent and not yet read does not count)."""
+        return (bool(self.init_timeout) and not w.ready and time.monotonic() - w.started > self.init_timeout
+                and not w.outbox.poll())
 
     def _died(self, w: _Worker):
         what = f"while holding item {w.held[0][1]!r}" if w.held else "before it was given an item"
         if not w.ready:
-            what = "while starting (producer_init)"
+            what = f"while starting ({self.init_step})"
         raise PoolError(f"{w} {_exit_reason(w.process)} {what}")
 
 

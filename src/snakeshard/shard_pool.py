@@ -34,17 +34,23 @@ def _deliver(cfg, data):
     cfg.consume(*data)  # the shard loop's handler, set on the caller's cfg only
 
 
+# start-up errors in the words of a stage's config: what _init runs, and the stage option that limits it
+INIT_STEP, INIT_TIMEOUT_NAME = "building its env: build_worker_setup_fn", "worker_init_timeout"
+
+
 class OrderedForward(OrderedRunner):
     producer_init, producer_work, consumer_work = staticmethod(_init), staticmethod(_work), staticmethod(_deliver)
+    init_step, init_timeout_name = INIT_STEP, INIT_TIMEOUT_NAME
 
 
 class UnorderedForward(UnorderedRunner):
     producer_init, producer_work, consumer_work = staticmethod(_init), staticmethod(_work), staticmethod(_deliver)
+    init_step, init_timeout_name = INIT_STEP, INIT_TIMEOUT_NAME
 
 
 def forward_pool(devices: list[str], ordered: bool, runner: str, provider: str, provider_config: dict,
-                 item_timeout: float | None = None):
+                 item_timeout: float | None = None, init_timeout: float | None = None):
     """A started pool whose workers run ``runner``'s forward with ``provider``'s env (import paths)."""
     cls = OrderedForward if ordered else UnorderedForward
     return cls(devices, {"runner": runner, "provider": provider, "provider_config": provider_config},
-               item_timeout=item_timeout)
+               item_timeout=item_timeout, init_timeout=init_timeout)

@@ -165,14 +165,23 @@ def check_pool_config(stage: dict, where: str) -> None:
                           "workers; raise cpus_per_task or leave it out (it then follows workers)")
     if "worker_order" in stage and not ("workers" in stage or "devices" in stage):
         raise ConfigError(f"{where}.worker_order: only for a pool (set workers or devices)")
+    # without a pool the env is built in the job's own process, where nothing watches it; item_timeout alone
+    # makes a pool of one worker, whose start-up this can limit
+    if "worker_init_timeout" in stage and pool_spec(stage) is None:
+        raise ConfigError(f"{where}.worker_init_timeout: only for a pool (set workers, devices or item_timeout)")
 
 
 def pool_spec(stage: dict) -> dict | None:
     """What a shard job's pool is (None: forward runs in the job's own process)."""
     if not any(k in stage for k in ("workers", "devices", "item_timeout")):
         return None
+    # worker_init_timeout has no default, and item_timeout does not imply one: how long a worker may take
+    # to build its env depends on the model and on what is cached (a first run downloads it), which
+    # snakeshard cannot know; a guessed limit would fail a cold start after it had spent that time, and a
+    # start-up that hangs on SLURM is ended by the stage's runtime
     return {"workers": stage.get("workers", 1), "devices": stage.get("devices"),
-            "order": stage.get("worker_order", "ordered"), "item_timeout": stage.get("item_timeout")}
+            "order": stage.get("worker_order", "ordered"), "item_timeout": stage.get("item_timeout"),
+            "worker_init_timeout": stage.get("worker_init_timeout")}
 
 
 def runner_default_sharding(path: str, where: str) -> dict:
