@@ -402,7 +402,6 @@ class KaldiDataset:
         return read_item_audio(item, dtype=dtype, sample_rate=self.spec.get("sample_rate"),
                                max_overshoot=float(source_spec(self.spec).get("max_segment_overshoot", 0.0)))
 
-
     def load_mono_audio(self, key: str, dtype: str = "float32"):
         """``load_audio``, for a stage that reads one channel: a multi-channel recording is refused naming the
         key, its file and the fix (a library fed 2-D samples fails naming neither)."""
