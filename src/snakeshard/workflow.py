@@ -64,6 +64,7 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
             lines.append(f"  {where}: {err.message}")
         raise ConfigError("config does not match snakeshard's config schema (workflow/schemas/config.schema.yaml):\n"
                           + "\n".join(lines))
+    check_output_dir(output_dir(config))
     datasets = config.get("datasets", {})
     stages = config.get("stages", {})
     for name, ds in datasets.items():
@@ -91,6 +92,18 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
         if runner_source is not None:
             check_runner_source(stage["runner"], f"stages.{name}.runner", *runner_source)
     upstream_of(config)  # chained datasets form no loop
+
+
+def check_output_dir(out: str) -> None:
+    """Every path of every rule starts with ``output_dir``; the rules quote it for the shell (``{...:q}``), so
+    spaces, quotes, ``$()`` and ``;`` are just characters of a directory name. Two things are not: Snakemake
+    reads braces in a rule's path as a wildcard, and a command reads a word starting with '-' as an option."""
+    if "{" in out or "}" in out:
+        raise ConfigError(f"output_dir: {out!r} holds a brace: Snakemake reads {{...}} in a path as a wildcard; "
+                          "choose a directory name without braces")
+    if out.startswith("-"):
+        raise ConfigError(f"output_dir: {out!r} starts with '-': the jobs' command lines would take its paths "
+                          f"for options; write './{out}'")
 
 
 def check_dataset_source(name: str, ds: dict, stages: dict) -> None:
