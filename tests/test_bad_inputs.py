@@ -139,6 +139,29 @@ def test_bad_config_fails_dry_run_naming_key_path(toy, edit, expected):
     assert_dry_run_refuses(toy, expected)
 
 
+# A parse-time error of each kind: (id, edit, what its one error line names)
+PARSE_ERROR_CASES = [
+    ("schema", lambda wd: set_stage(wd, sharding={"num_shards": 0}), "config does not match"),
+    ("unknown-runner-module", lambda wd: set_stage(wd, runner="nosuchpkg.Runner"), "stages.upper.runner: "),
+    ("bad-data", lambda wd: append_line(wd, f"utt007 {WAV}"), "data/toy/wav.scp:41"),
+    ("runner-syntax-error", lambda wd: ((wd / "syn.py").write_text("class R:\n    def forward(:\n"),
+                                        set_stage(wd, runner="syn.R")), "stages.upper.runner: "),
+]
+
+
+@pytest.mark.parametrize("edit, expected", [c[1:] for c in PARSE_ERROR_CASES], ids=[c[0] for c in PARSE_ERROR_CASES])
+def test_parse_time_error_is_one_line_without_tracebacks(toy, edit, expected):
+    """An error raised while Snakemake parses the Snakefile prints its one `snakeshard: error:` line, not
+    the frames of snakeshard's code that raised it (Snakemake printed six for a misspelt runner module)."""
+    edit(toy)
+    proc = run_snakemake(toy, "-n")
+    assert proc.returncode != 0
+    lines = output(proc).splitlines()
+    errors = [line for line in lines if "snakeshard: error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(ERROR_PREFIX) and expected in errors[0], output(proc)
+    assert not [line for line in lines if 'File "' in line or "Traceback" in line], output(proc)
+
+
 PRESERVE_CASES = DATA_CASES + [c for c in CONFIG_CASES if c[0] in ("unknown-runner-module", "undefined-dataset")]
 
 

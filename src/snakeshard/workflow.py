@@ -6,17 +6,20 @@ job), so it imports nothing heavy and never imports user runners or providers.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 from snakeshard import __version__
 from snakeshard.atomic import write_if_changed
 from snakeshard.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
-from snakeshard.errors import ConfigError, DataError
+from snakeshard.errors import ConfigError, DataError, SnakeshardError
 from snakeshard.fingerprint import (audio_identity, digest, inputs_digest, keys_text, records_digest,
                                     shard_fingerprint, shard_inputs_text, stage_fingerprint)
+from snakeshard.job import ERROR_PREFIX
 from snakeshard.plan import ensure_plan, read_audio_files
 from snakeshard.shard_files import KEYS_FILE, read_shard_keys
 from snakeshard.writers import check_outputs_config
@@ -30,6 +33,22 @@ MAX_LISTED = 5
 # What a shard's fingerprint covers unless the stage's `fingerprint:` config says otherwise.
 FINGERPRINT_DEFAULTS = {"records": [*KALDI_RECORD_FILES, JSONL_RECORD], "audio": True, "code": True}
 FINGERPRINTS_FILE = "fingerprints.json"  # beside plan.json: what the merge and readers of merged output check
+
+
+@contextlib.contextmanager
+def exit_on_user_error():
+    """Around the Snakefile's parse-time calls: a bad config or bad data (a ``SnakeshardError``) ends the
+    parse with its one ``snakeshard: error:`` line on stderr and exit status 1, as the CLI's errors do.
+
+    Raised as it is, Snakemake prints it with the frames of snakeshard's own code that raised it (six for
+    a misspelt runner module); as a WorkflowError, still with a frame of common.smk, whose path is inside
+    the installed snakeshard package. A SystemExit is what Snakemake passes on without a word.
+    """
+    try:
+        yield
+    except SnakeshardError as e:
+        print(ERROR_PREFIX + str(e), file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def load_config(path: str | os.PathLike) -> dict:
@@ -157,7 +176,7 @@ def check_import_path(path: str, where: str):
     module, attr, origin = _locate(path, where)
     if origin is None:
         return None
-    tree = _parse(origin)
+    tree = _parse(origin, where)
     if attr not in _top_level_names(tree):
         raise ConfigError(f"{where}: cannot import {path!r}: module {module!r} ({origin}) defines no {attr!r}")
     return origin, tree
@@ -262,18 +281,18 @@ def _locate(path: str, where: str) -> tuple[str, str, str | None]:
     """
     for _ in range(5):  # re-export hops
         module, attr, origin = _find(path, where)
-        source = _reexported_from(module, attr, origin) if origin else None
+        source = _reexported_from(module, attr, origin, where) if origin else None
         if source is None:
             return module, attr, origin
         path = source
     return module, attr, origin
 
 
-def _reexported_from(module: str, attr: str, origin: str) -> str | None:
+def _reexported_from(module: str, attr: str, origin: str, where: str) -> str | None:
     """``other.module.Name`` if ``module`` binds ``attr`` only by ``from other.module import Name``."""
     import ast
 
-    tree = _parse(origin)
+    tree = _parse(origin, where)
     found = None
     for node in tree.body:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == attr:
@@ -308,14 +327,21 @@ def _find(path: str, where: str) -> tuple[str, str, str | None]:
 _PARSED: dict[tuple[str, int, int], object] = {}
 
 
-def _parse(source_path: str):
-    """The module's syntax tree, parsed once per parse of the Snakefile (keyed by the file's identity)."""
+def _parse(source_path: str, where: str):
+    """The module's syntax tree, parsed once per parse of the Snakefile (keyed by the file's identity).
+
+    A syntax error names the config key ``where`` as well as file and line: every job would fail importing it.
+    """
     import ast
 
     st = os.stat(source_path)
     key = (source_path, st.st_size, st.st_mtime_ns)
     if key not in _PARSED:
-        _PARSED[key] = ast.parse(Path(source_path).read_bytes(), filename=source_path)
+        try:
+            _PARSED[key] = ast.parse(Path(source_path).read_bytes(), filename=source_path)
+        except SyntaxError as e:
+            raise ConfigError(f"{where}: {source_path}:{e.lineno}: {e.msg}: the shard jobs could not import "
+                              "this module") from None
     return _PARSED[key]
 
 
@@ -328,7 +354,7 @@ def source_digest(path: str, where: str) -> str | None:
     import ast
 
     origin = _locate(path, where)[2]
-    return digest(ast.dump(_parse(origin))) if origin else None
+    return digest(ast.dump(_parse(origin, where))) if origin else None
 
 
 def _top_level_names(tree) -> set[str] | _AnyName:
