@@ -106,10 +106,13 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
         if reserved:
             raise ConfigError(f"stages.{name}.provider_config.{reserved[0]}: this key is set by snakeshard "
                               "(the dataset spec / the job's devices); rename it")
-        check_import_path(stage["provider"], f"stages.{name}.provider")
-        runner_source = check_import_path(stage["runner"], f"stages.{name}.runner")
-        if runner_source is not None:
-            check_runner_source(stage["runner"], f"stages.{name}.runner", *runner_source)
+        for role in ("provider", "runner"):
+            where = f"stages.{name}.{role}"
+            source = check_import_path(stage[role], where)
+            if source is not None:
+                check_module_imports(stage[role], where, *source)
+                if role == "runner":
+                    check_runner_source(stage[role], where, *source)
     upstream_of(config)  # chained datasets form no loop
 
 
@@ -180,6 +183,53 @@ def check_import_path(path: str, where: str):
     if attr not in _top_level_names(tree):
         raise ConfigError(f"{where}: cannot import {path!r}: module {module!r} ({origin}) defines no {attr!r}")
     return origin, tree
+
+
+def check_module_imports(path: str, where: str, origin: str, tree) -> None:
+    """The packages the module defining ``path`` imports at its top are installed: looked up with
+    ``importlib.util.find_spec``, not imported (parse time imports no user code). A missing one would fail
+    every shard job at its first line; here it fails the parse once, naming key, file, line and package.
+
+    Looked up: the top-level package of each ``import a.b`` / ``from a.b import c`` before the module's first
+    other statement (its docstring and plain ``name = ...`` assignments aside). A later import may depend on
+    what such a statement does (``sys.path.insert(...)``, ``pyximport.install()``), and one inside ``try:`` or
+    ``if`` may be meant to fail; ``a.b`` itself is not looked up (that imports ``a``), nor a relative import
+    (the module's own package). What this interpreter finds, the jobs import: they run it too
+    ($SNAKESHARD_PYTHON, see common.smk). Imports it misses fail in the job, naming the key (user_code).
+    """
+    import ast
+
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module] if node.level == 0 and node.module != "__future__" else []
+        elif _docstring_or_name_assignment(node):
+            continue
+        else:
+            return
+        for name in names:
+            package = name.partition(".")[0]
+            if not _findable(package):
+                raise ConfigError(f"{where}: {origin}:{node.lineno} imports {name!r}, but no module named {package!r} "
+                                  f"is installed for {sys.executable}: every shard job would fail importing {path}")
+
+
+def _docstring_or_name_assignment(node) -> bool:
+    """A docstring, or ``name = ...`` (``log = logging.getLogger(__name__)``) between a module's imports."""
+    import ast
+
+    if isinstance(node, ast.Expr):
+        return isinstance(node.value, ast.Constant)
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    return bool(targets) and all(isinstance(target, ast.Name) for target in targets)
+
+
+def _findable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ValueError:  # already imported without a spec (__main__): it is there
+        return True
 
 
 def check_pool_config(stage: dict, where: str) -> None:
