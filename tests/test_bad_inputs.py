@@ -139,6 +139,29 @@ def test_bad_config_fails_dry_run_naming_key_path(toy, edit, expected):
     assert_dry_run_refuses(toy, expected)
 
 
+# A parse-time error of each kind: (id, edit, what its one error line names)
+PARSE_ERROR_CASES = [
+    ("schema", lambda wd: set_stage(wd, sharding={"num_shards": 0}), "config does not match"),
+    ("unknown-runner-module", lambda wd: set_stage(wd, runner="nosuchpkg.Runner"), "stages.upper.runner: "),
+    ("bad-data", lambda wd: append_line(wd, f"utt007 {WAV}"), "data/toy/wav.scp:41"),
+    ("runner-syntax-error", lambda wd: ((wd / "syn.py").write_text("class R:\n    def forward(:\n"),
+                                        set_stage(wd, runner="syn.R")), "stages.upper.runner: "),
+]
+
+
+@pytest.mark.parametrize("edit, expected", [c[1:] for c in PARSE_ERROR_CASES], ids=[c[0] for c in PARSE_ERROR_CASES])
+def test_parse_time_error_is_one_line_without_tracebacks(toy, edit, expected):
+    """An error raised while Snakemake parses the Snakefile prints its one `snakeshard: error:` line, not
+    the frames of snakeshard's code that raised it (Snakemake printed six for a misspelt runner module)."""
+    edit(toy)
+    proc = run_snakemake(toy, "-n")
+    assert proc.returncode != 0
+    lines = output(proc).splitlines()
+    errors = [line for line in lines if "snakeshard: error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(ERROR_PREFIX) and expected in errors[0], output(proc)
+    assert not [line for line in lines if 'File "' in line or "Traceback" in line], output(proc)
+
+
 PRESERVE_CASES = DATA_CASES + [c for c in CONFIG_CASES if c[0] in ("unknown-runner-module", "undefined-dataset")]
 
 
@@ -206,6 +229,84 @@ def test_runner_class_missing_at_job_time_fails_the_shard_naming_it(toy):
         assert not (set_dir / f"split.{n}/done").exists()
     assert not (set_dir / "merged.json").exists()
     assert "NoSuchRunner" in output(proc)  # show-failed-logs puts it on the console too
+
+
+# A toy stage module whose own top-level import is of a package that is not installed
+MISSING_PACKAGE_MODULES = [
+    ("import", '"""A stage."""\nimport os\nimport not_a_real_package\n', 3, "'not_a_real_package'"),
+    ("from-import", "import os\nlog = None\nfrom not_a_real_package.sub import thing\n", 3,
+     "'not_a_real_package.sub'"),
+]
+
+
+@pytest.mark.parametrize("role", ["runner", "provider"])
+@pytest.mark.parametrize("source, line, named", [c[1:] for c in MISSING_PACKAGE_MODULES],
+                         ids=[c[0] for c in MISSING_PACKAGE_MODULES])
+def test_stage_module_importing_a_missing_package_fails_at_parse(toy, role, source, line, named):
+    """The module's top-level imports are looked up (not imported) at parse: a dry run refuses it naming the
+    config key, file:line and the package; every shard job would have failed importing it."""
+    (toy / "needs_pkg.py").write_text(source + TOY_MODULE)
+    set_stage(toy, **{role: "needs_pkg." + ("UpperRunner" if role == "runner" else "ToyProvider")})
+    proc = run_snakemake(toy, "-n")
+    assert proc.returncode != 0
+    assert (f"{ERROR_PREFIX}stages.upper.{role}: {toy / 'needs_pkg.py'}:{line} imports {named}, but no module "
+            "named 'not_a_real_package' is installed") in proc.stderr, output(proc)
+    assert not (toy / "results").exists()
+
+
+VENDORED = "import sys\nsys.path.insert(0, 'vendor')\nimport vendored_pkg\n"
+
+
+def test_imports_after_other_statements_are_left_to_the_job(toy):
+    """An import after a statement that may make it findable (here sys.path.insert) is not looked up at
+    parse: the stage runs."""
+    (toy / "vendor").mkdir()
+    (toy / "vendor/vendored_pkg.py").write_text("")
+    (toy / "vendoring.py").write_text(VENDORED + TOY_MODULE)
+    set_stage(toy, runner="vendoring.UpperRunner", provider="vendoring.ToyProvider")
+    proc = run_snakemake(toy)
+    assert proc.returncode == 0, output(proc)[-3000:]
+    assert (toy / "results/upper/toy/merged.json").is_file()
+
+
+def broken_import_chain(wd: Path) -> str:
+    """A stage module that imports a module of its own that imports a package that is not installed: not
+    visible at parse (only the stage module's own imports are looked up). The job's error line for it."""
+    (wd / "helper.py").write_text("import not_a_real_package\n")
+    (wd / "chain.py").write_text("import helper\n" + TOY_MODULE)
+    set_stage(wd, runner="chain.UpperRunner")
+    return (f"{ERROR_PREFIX}stages.upper.runner: importing chain.UpperRunner failed at {wd / 'helper.py'}:1: "
+            "No module named 'not_a_real_package'")
+
+
+def test_module_failing_to_import_fails_each_shard_with_one_line_naming_key_and_package(toy):
+    """Every shard job ends in one error line naming the config key, where the import failed and the
+    missing package (its traceback above it in the log); nothing merges."""
+    line = broken_import_chain(toy)
+    assert run_snakemake(toy, "-n").returncode == 0
+    proc = run_snakemake(toy)
+    assert proc.returncode != 0
+    set_dir = toy / "results/upper/toy"
+    for n in range(4):
+        log = (set_dir / f"logs/split.{n}.log").read_text()
+        assert log.strip().splitlines()[-1].startswith(line), log
+        assert "ModuleNotFoundError: No module named 'not_a_real_package'" in log  # the traceback
+    assert not (set_dir / "merged.json").exists()
+    assert line in proc.stderr  # each job's line reaches snakemake's own output too
+
+
+def test_module_failing_to_import_fails_the_canary_once(toy):
+    """With the canary on, its one job fails with that line and no shard job starts."""
+    line = broken_import_chain(toy)
+    set_stage(toy, canary=2)
+    proc = run_snakemake(toy)
+    assert proc.returncode != 0
+    log = (toy / "results/upper/logs/canary.log").read_text()
+    last = log.strip().splitlines()[-1]
+    assert last.startswith(f"{ERROR_PREFIX}canary of stage 'upper' failed, so none of its shard jobs was started"), log
+    assert line.removeprefix(ERROR_PREFIX) in last
+    assert not list((toy / "results/upper/toy").glob("logs/split.*.log"))
+    assert not list((toy / "results/upper/toy").glob("split.*/.attempt"))
 
 
 NEWLINE_RUNNER = '''
@@ -306,8 +407,9 @@ def test_plan_cli_on_malformed_field_names_file_and_line(toy, edit, expected):
 def test_a_job_imports_the_users_class_and_explains_each_failure(tmp_path, monkeypatch):
     """user_code.import_object, what a job calls for stages.X.runner/provider: a class it finds is returned;
     a path naming no module or no class (the module removed or edited after the parse) raises the parse-time
-    check's ConfigError naming the config key; a module that is there but fails in its own code (it imports a
-    package that is not installed) raises its own error, with its traceback, not one about the config."""
+    check's ConfigError naming the config key; a module that is there but fails importing a package that is
+    not installed raises a ConfigError naming the key, the failed import's file:line and the package, caused by
+    the ModuleNotFoundError."""
     from snakeshard.errors import ConfigError
     from snakeshard.user_code import import_object
 
@@ -321,5 +423,7 @@ def test_a_job_imports_the_users_class_and_explains_each_failure(tmp_path, monke
         import_object("good_stage.Other", "stages.s.runner")
     with pytest.raises(ConfigError, match=r"stages\.s\.provider: 'Runner' is not an import path"):
         import_object("Runner", "stages.s.provider")
-    with pytest.raises(ModuleNotFoundError, match="no_such_package_xyz"):
+    with pytest.raises(ConfigError, match=r"stages\.s\.runner: importing broken_stage\.Runner failed at "
+                       r".*broken_stage\.py:1: No module named 'no_such_package_xyz'") as raised:
         import_object("broken_stage.Runner", "stages.s.runner")
+    assert isinstance(raised.value.__cause__, ModuleNotFoundError)  # its traceback goes to the job's log

@@ -6,17 +6,20 @@ job), so it imports nothing heavy and never imports user runners or providers.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 from snakeshard import __version__
 from snakeshard.atomic import write_if_changed
 from snakeshard.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
-from snakeshard.errors import ConfigError, DataError
+from snakeshard.errors import ConfigError, DataError, SnakeshardError
 from snakeshard.fingerprint import (audio_identity, digest, inputs_digest, keys_text, records_digest,
                                     shard_fingerprint, shard_inputs_text, stage_fingerprint)
+from snakeshard.job import ERROR_PREFIX
 from snakeshard.plan import ensure_plan, read_audio_files
 from snakeshard.shard_files import KEYS_FILE, read_shard_keys
 from snakeshard.writers import check_outputs_config
@@ -30,6 +33,22 @@ MAX_LISTED = 5
 # What a shard's fingerprint covers unless the stage's `fingerprint:` config says otherwise.
 FINGERPRINT_DEFAULTS = {"records": [*KALDI_RECORD_FILES, JSONL_RECORD], "audio": True, "code": True}
 FINGERPRINTS_FILE = "fingerprints.json"  # beside plan.json: what the merge and readers of merged output check
+
+
+@contextlib.contextmanager
+def exit_on_user_error():
+    """Around the Snakefile's parse-time calls: a bad config or bad data (a ``SnakeshardError``) ends the
+    parse with its one ``snakeshard: error:`` line on stderr and exit status 1, as the CLI's errors do.
+
+    Raised as it is, Snakemake prints it with the frames of snakeshard's own code that raised it (six for
+    a misspelt runner module); as a WorkflowError, still with a frame of common.smk, whose path is inside
+    the installed snakeshard package. A SystemExit is what Snakemake passes on without a word.
+    """
+    try:
+        yield
+    except SnakeshardError as e:
+        print(ERROR_PREFIX + str(e), file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def load_config(path: str | os.PathLike) -> dict:
@@ -64,6 +83,7 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
             lines.append(f"  {where}: {err.message}")
         raise ConfigError("config does not match snakeshard's config schema (workflow/schemas/config.schema.yaml):\n"
                           + "\n".join(lines))
+    check_output_dir(output_dir(config))
     datasets = config.get("datasets", {})
     stages = config.get("stages", {})
     for name, ds in datasets.items():
@@ -86,11 +106,26 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
         if reserved:
             raise ConfigError(f"stages.{name}.provider_config.{reserved[0]}: this key is set by snakeshard "
                               "(the dataset spec / the job's devices); rename it")
-        check_import_path(stage["provider"], f"stages.{name}.provider")
-        runner_source = check_import_path(stage["runner"], f"stages.{name}.runner")
-        if runner_source is not None:
-            check_runner_source(stage["runner"], f"stages.{name}.runner", *runner_source)
+        for role in ("provider", "runner"):
+            where = f"stages.{name}.{role}"
+            source = check_import_path(stage[role], where)
+            if source is not None:
+                check_module_imports(stage[role], where, *source)
+                if role == "runner":
+                    check_runner_source(stage[role], where, *source)
     upstream_of(config)  # chained datasets form no loop
+
+
+def check_output_dir(out: str) -> None:
+    """Every path of every rule starts with ``output_dir``; the rules quote it for the shell (``{...:q}``), so
+    spaces, quotes, ``$()`` and ``;`` are just characters of a directory name. Two things are not: Snakemake
+    reads braces in a rule's path as a wildcard, and a command reads a word starting with '-' as an option."""
+    if "{" in out or "}" in out:
+        raise ConfigError(f"output_dir: {out!r} holds a brace: Snakemake reads {{...}} in a path as a wildcard; "
+                          "choose a directory name without braces")
+    if out.startswith("-"):
+        raise ConfigError(f"output_dir: {out!r} starts with '-': the jobs' command lines would take its paths "
+                          f"for options; write './{out}'")
 
 
 def check_dataset_source(name: str, ds: dict, stages: dict) -> None:
@@ -144,10 +179,57 @@ def check_import_path(path: str, where: str):
     module, attr, origin = _locate(path, where)
     if origin is None:
         return None
-    tree = _parse(origin)
+    tree = _parse(origin, where)
     if attr not in _top_level_names(tree):
         raise ConfigError(f"{where}: cannot import {path!r}: module {module!r} ({origin}) defines no {attr!r}")
     return origin, tree
+
+
+def check_module_imports(path: str, where: str, origin: str, tree) -> None:
+    """The packages the module defining ``path`` imports at its top are installed: looked up with
+    ``importlib.util.find_spec``, not imported (parse time imports no user code). A missing one would fail
+    every shard job at its first line; here it fails the parse once, naming key, file, line and package.
+
+    Looked up: the top-level package of each ``import a.b`` / ``from a.b import c`` before the module's first
+    other statement (its docstring and plain ``name = ...`` assignments aside). A later import may depend on
+    what such a statement does (``sys.path.insert(...)``, ``pyximport.install()``), and one inside ``try:`` or
+    ``if`` may be meant to fail; ``a.b`` itself is not looked up (that imports ``a``), nor a relative import
+    (the module's own package). What this interpreter finds, the jobs import: they run it too
+    ($SNAKESHARD_PYTHON, see common.smk). Imports it misses fail in the job, naming the key (user_code).
+    """
+    import ast
+
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module] if node.level == 0 and node.module != "__future__" else []
+        elif _docstring_or_name_assignment(node):
+            continue
+        else:
+            return
+        for name in names:
+            package = name.partition(".")[0]
+            if not _findable(package):
+                raise ConfigError(f"{where}: {origin}:{node.lineno} imports {name!r}, but no module named {package!r} "
+                                  f"is installed for {sys.executable}: every shard job would fail importing {path}")
+
+
+def _docstring_or_name_assignment(node) -> bool:
+    """A docstring, or ``name = ...`` (``log = logging.getLogger(__name__)``) between a module's imports."""
+    import ast
+
+    if isinstance(node, ast.Expr):
+        return isinstance(node.value, ast.Constant)
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    return bool(targets) and all(isinstance(target, ast.Name) for target in targets)
+
+
+def _findable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ValueError:  # already imported without a spec (__main__): it is there
+        return True
 
 
 def check_pool_config(stage: dict, where: str) -> None:
@@ -258,18 +340,18 @@ def _locate(path: str, where: str) -> tuple[str, str, str | None]:
     """
     for _ in range(5):  # re-export hops
         module, attr, origin = _find(path, where)
-        source = _reexported_from(module, attr, origin) if origin else None
+        source = _reexported_from(module, attr, origin, where) if origin else None
         if source is None:
             return module, attr, origin
         path = source
     return module, attr, origin
 
 
-def _reexported_from(module: str, attr: str, origin: str) -> str | None:
+def _reexported_from(module: str, attr: str, origin: str, where: str) -> str | None:
     """``other.module.Name`` if ``module`` binds ``attr`` only by ``from other.module import Name``."""
     import ast
 
-    tree = _parse(origin)
+    tree = _parse(origin, where)
     found = None
     for node in tree.body:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == attr:
@@ -304,14 +386,21 @@ def _find(path: str, where: str) -> tuple[str, str, str | None]:
 _PARSED: dict[tuple[str, int, int], object] = {}
 
 
-def _parse(source_path: str):
-    """The module's syntax tree, parsed once per parse of the Snakefile (keyed by the file's identity)."""
+def _parse(source_path: str, where: str):
+    """The module's syntax tree, parsed once per parse of the Snakefile (keyed by the file's identity).
+
+    A syntax error names the config key ``where`` as well as file and line: every job would fail importing it.
+    """
     import ast
 
     st = os.stat(source_path)
     key = (source_path, st.st_size, st.st_mtime_ns)
     if key not in _PARSED:
-        _PARSED[key] = ast.parse(Path(source_path).read_bytes(), filename=source_path)
+        try:
+            _PARSED[key] = ast.parse(Path(source_path).read_bytes(), filename=source_path)
+        except SyntaxError as e:
+            raise ConfigError(f"{where}: {source_path}:{e.lineno}: {e.msg}: the shard jobs could not import "
+                              "this module") from None
     return _PARSED[key]
 
 
@@ -324,7 +413,7 @@ def source_digest(path: str, where: str) -> str | None:
     import ast
 
     origin = _locate(path, where)[2]
-    return digest(ast.dump(_parse(origin))) if origin else None
+    return digest(ast.dump(_parse(origin, where))) if origin else None
 
 
 def _top_level_names(tree) -> set[str] | _AnyName:

@@ -41,5 +41,5 @@ for _stage, _canary in WF.canaries.items():
         resources:
             **_resources,
         shell:
-            '"$SNAKESHARD_PYTHON" -m snakeshard run-shard --shard canary --spec {params.spec}'
-            " --shard-dir {params.shard_dir} --fingerprint {params.fingerprint} --log {log}"
+            '"$SNAKESHARD_PYTHON" -m snakeshard run-shard --shard canary --spec {params.spec:q}'
+            " --shard-dir {params.shard_dir:q} --fingerprint {params.fingerprint:q} --log {log:q}"

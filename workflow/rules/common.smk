@@ -9,8 +9,8 @@ from pathlib import Path
 if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())
 
-from snakeshard.workflow import (SLURM_PASSTHROUGH, Workflow, runner_reports, stage_resources, stage_sets,
-                                 validate_config)
+from snakeshard.workflow import (SLURM_PASSTHROUGH, Workflow, exit_on_user_error, runner_reports, stage_resources,
+                                 stage_sets, validate_config)
 from snakeshard import snakemake_patches
 
 # Three costs of Snakemake 9's driver: a scheduler wake-up per second per finished job, a pandas import
@@ -18,20 +18,23 @@ from snakeshard import snakemake_patches
 # every scheduling pass (see the module).
 snakemake_patches.apply()
 
-# Found next to this file, so the workflow works as a module from any directory.
-validate_config(config, Path(str(workflow.current_basedir)).parent / "schemas" / "config.schema.yaml")
-# A job's own Snakemake (SLURM) takes the audio identity the main process computed, rather than
-# stat'ing every audio file of the dataset again in every job.
-WF = Workflow(config, reuse_audio_identity=not workflow.is_main_process)
-STAGE_SETS = stage_sets(config)
+# A bad config or bad data: its one `snakeshard: error:` line, no traceback of snakeshard's code, exit 1.
+with exit_on_user_error():
+    # Found next to this file, so the workflow works as a module from any directory.
+    validate_config(config, Path(str(workflow.current_basedir)).parent / "schemas" / "config.schema.yaml")
+    # A job's own Snakemake (SLURM) takes the audio identity the main process computed, rather than
+    # stat'ing every audio file of the dataset again in every job.
+    WF = Workflow(config, reuse_audio_identity=not workflow.is_main_process)
+    STAGE_SETS = stage_sets(config)
+    SHARD_RESOURCES = {stage: stage_resources(config, stage) for stage in config["stages"]}
+    # Files a stage's runner draws after its merge for `snakemake --report` (ScoringRunner: metrics.png).
+    REPORTS = {stage: runner_reports(config["stages"][stage]["runner"], f"stages.{stage}") for stage in config["stages"]}
+
 # The interpreter running Snakemake also runs the jobs: no reliance on PATH inside jobs. It reaches
 # the shell commands through the environment (jobs inherit it; on SLURM the job's own Snakemake
 # parses this file again), not through a name in the command: a module's names are not visible
 # there, and the command's text is what Snakemake's code trigger compares.
 os.environ["SNAKESHARD_PYTHON"] = sys.executable
-SHARD_RESOURCES = {stage: stage_resources(config, stage) for stage in config["stages"]}
-# Files a stage's runner draws after its merge for `snakemake --report` (ScoringRunner: metrics.png).
-REPORTS = {stage: runner_reports(config["stages"][stage]["runner"], f"stages.{stage}") for stage in config["stages"]}
 
 
 wildcard_constraints:

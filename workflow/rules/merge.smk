@@ -15,5 +15,5 @@ rule merge:
         set_dir=f"{WF.out}/{{stage}}/{{dataset}}",
     localrule: True
     shell:
-        '"$SNAKESHARD_PYTHON" -m snakeshard merge --spec {params.set_dir}/spec.json --set-dir {params.set_dir}'
-        " --inputs {params.inputs} --log {log}"
+        '"$SNAKESHARD_PYTHON" -m snakeshard merge --spec {params.set_dir:q}/spec.json --set-dir {params.set_dir:q}'
+        " --inputs {params.inputs:q} --log {log:q}"

@@ -12,5 +12,5 @@ rule report:
         set_dir=f"{WF.out}/{{stage}}/{{dataset}}",
     localrule: True
     shell:
-        '"$SNAKESHARD_PYTHON" -m snakeshard report --spec {params.set_dir}/spec.json --set-dir {params.set_dir}'
-        " --inputs {params.inputs} --output {output}"
+        '"$SNAKESHARD_PYTHON" -m snakeshard report --spec {params.set_dir:q}/spec.json --set-dir {params.set_dir:q}'
+        " --inputs {params.inputs:q} --output {output:q}"

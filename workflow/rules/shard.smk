@@ -4,6 +4,8 @@
 # rule's resources grow with `attempt` so a retry after an out-of-memory or timeout kill gets more.
 # A stage with `shards_per_job: K` gets, under the same rule name, one job per K consecutive shards
 # (`run-shards`): its output is jobs/shards.FIRST-LAST.done, each shard still writes split.N/done.
+# Every value a command line holds is quoted ({...:q}), here and in the other rules: output_dir may hold
+# spaces, quotes, `$()` or `;` (workflow.check_output_dir), and it starts every path the rules name.
 
 from types import SimpleNamespace
 
@@ -64,9 +66,9 @@ for _stage in [stage for stage in config["stages"] if WF.shards_per_job(stage) =
         resources:
             **_f.resources,
         shell:
-            '"$SNAKESHARD_PYTHON" -m snakeshard run-shard --shard {wildcards.shard} --spec {params.set_dir}/spec.json'
-            " --shard-dir {params.set_dir}/split.{wildcards.shard} --shard-inputs {params.inputs}"
-            " --log {log}"
+            '"$SNAKESHARD_PYTHON" -m snakeshard run-shard --shard {wildcards.shard:q} --spec {params.set_dir:q}/spec.json'
+            " --shard-dir {params.set_dir:q}/split.{wildcards.shard:q} --shard-inputs {params.inputs:q}"
+            " --log {log:q}"
 
 
 for _stage in [stage for stage in config["stages"] if WF.shards_per_job(stage) > 1]:
@@ -93,6 +95,6 @@ for _stage in [stage for stage in config["stages"] if WF.shards_per_job(stage) >
         resources:
             **_f.group_resources,
         shell:
-            '"$SNAKESHARD_PYTHON" -m snakeshard run-shards --shards {wildcards.first}-{wildcards.last}'
-            " --spec {params.set_dir}/spec.json --set-dir {params.set_dir} --shard-inputs {params.inputs}"
-            " --done {output.done} --log {log}"
+            '"$SNAKESHARD_PYTHON" -m snakeshard run-shards --shards {wildcards.first:q}-{wildcards.last:q}'
+            " --spec {params.set_dir:q}/spec.json --set-dir {params.set_dir:q} --shard-inputs {params.inputs:q}"
+            " --done {output.done:q} --log {log:q}"
