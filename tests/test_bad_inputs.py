@@ -331,7 +331,7 @@ def test_forward_value_with_newline_fails_its_shard_only(toy):
     log = (set_dir / f"logs/split.{bad}.log").read_text()
     last = log.strip().splitlines()[-1]
     assert last.startswith(ERROR_PREFIX + f"shard {bad} "), log
-    assert "item 'utt013'" in last and "field 'text' holds a newline" in last
+    assert "item 'utt013'" in last and "field 'text' holds a line break ('\\n')" in last
     assert not (set_dir / f"split.{bad}/done").exists()
     good = [n for n in range(4) if n != bad]
     for n in good:

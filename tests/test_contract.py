@@ -396,7 +396,7 @@ def test_forward_exception_deep_in_a_slice_names_that_item(tmp_path):
 @pytest.mark.parametrize("runner_cls, message", [
     (ReturnsString, r"item 'k0': forward returned str, expected a dict of fields"),
     (ReturnsOtherKey, r"item 'k0': forward returned a result for key 'zzz'"),
-    (ReturnsNewline, r"item 'k2'.*field 'text' holds a newline"),
+    (ReturnsNewline, r"item 'k2'.*field 'text' holds a line break \('\\n'\)"),
     (ReturnsSet, r"item 'k0'.*field 'scores' is a set; the default writers take"),
     (ReturnsDoneField, r"item 'k0'.*result field 'done' cannot be used as a file name"),
 ])
