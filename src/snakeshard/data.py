@@ -367,6 +367,10 @@ class KaldiDataset:
     def __contains__(self, key: str) -> bool:
         return key in self._items
 
+    def __iter__(self):
+        """The keys in the dataset's file order (the plan's): ``list(dataset)``."""
+        return iter(self.keys)
+
     def _item(self, key: str) -> Item:
         try:
             return self._items[key]

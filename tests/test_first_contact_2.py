@@ -1,0 +1,165 @@
+"""First-contact defects of issue 25, part 2 (each test failed before its fix): ESPnet3's provider style and
+int indices in-process, DanLing's meters made on first use, messages naming the real stage and dataset,
+the command line's help and version.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import PROJECT, make_kaldi_dir, read_config, run_cli, run_snakemake, write_config
+from snakeshard import BaseRunner, EnvironmentProvider, InferenceProvider
+from snakeshard.data import load_dataset
+from snakeshard.errors import ContractError
+
+DEMO = {"path": str(PROJECT / "data/demo")}
+DEMO_KEYS = [line.split()[0] for line in (PROJECT / "data/demo/wav.scp").read_text().splitlines()]
+
+
+class KeyRunner(BaseRunner):
+    @staticmethod
+    def forward(key, *, dataset, model):
+        return {"text": model(dataset[key]["key"])}
+
+
+# -- 1. an ESPnet3-style provider (build_worker_setup_fn only) runs in-process as in a shard job --
+
+class Espnet3StyleProvider(InferenceProvider):
+    """ESPnet3's pattern: the provider returns a zero-argument function that builds the env."""
+
+    setups = 0
+
+    def build_worker_setup_fn(self):
+        config = self.config
+
+        def setup():
+            type(self).setups += 1
+            return {"dataset": load_dataset(config["dataset"]), "model": str.upper}
+
+        return setup
+
+
+class BuildEnvProvider(InferenceProvider):
+    """snakeshard's own pattern: build_env."""
+
+    def build_env(self):
+        return {"dataset": load_dataset(self.config["dataset"]), "model": str.upper}
+
+
+class PlainWorkerSetupProvider(EnvironmentProvider):
+    """ESPnet3's pattern on the plain EnvironmentProvider: only the worker setup function."""
+
+    def build_worker_setup_fn(self):
+        return lambda: {"dataset": load_dataset(self.config["dataset"]), "model": str.upper}
+
+
+@pytest.mark.parametrize("provider_cls", [Espnet3StyleProvider, BuildEnvProvider, PlainWorkerSetupProvider])
+def test_both_provider_styles_run_in_process(provider_cls, tmp_path):
+    """runner(keys) in-process with a provider overriding only build_worker_setup_fn (was: NotImplementedError
+    '... must implement build_env()'), or only build_env: the same results, without and with output_dir."""
+    provider = provider_cls({"dataset": DEMO})
+    assert KeyRunner(provider)(DEMO_KEYS[:2]) == [{"text": k.upper(), "key": k} for k in DEMO_KEYS[:2]]
+    assert KeyRunner(provider, output_dir=tmp_path)(DEMO_KEYS[:3])["items"] == 3
+    assert (tmp_path / "text").read_text() == "".join(f"{k} {k.upper()}\n" for k in DEMO_KEYS[:3])
+
+
+def test_espnet3_style_inference_provider_builds_once_in_process():
+    """In-process, InferenceProvider builds the env once per provider, through build_worker_setup_fn()()."""
+    Espnet3StyleProvider.setups = 0
+    provider = Espnet3StyleProvider({"dataset": DEMO})
+    KeyRunner(provider)(DEMO_KEYS[:1])
+    KeyRunner(provider)(DEMO_KEYS[1:2])
+    assert Espnet3StyleProvider.setups == 1
+
+
+def test_provider_implementing_nothing_names_both_entries():
+    class Bare(InferenceProvider):
+        pass
+
+    with pytest.raises(NotImplementedError, match=r"Bare must implement build_env\(\) \(or build_worker_setup_fn"):
+        KeyRunner(Bare({"dataset": DEMO}))(DEMO_KEYS[:1])
+
+
+ESPNET3_MODULE = '''
+from snakeshard import BaseRunner, InferenceProvider
+from snakeshard.data import load_dataset
+
+
+class Espnet3StyleProvider(InferenceProvider):
+    def build_worker_setup_fn(self):
+        config = self.config
+
+        def setup():
+            return {"dataset": load_dataset(config["dataset"]), "model": str.upper}
+
+        return setup
+
+
+class KeyRunner(BaseRunner):
+    @staticmethod
+    def forward(key, *, dataset, model):
+        return {"text": model(dataset[key]["key"])}
+'''
+
+
+def test_espnet3_style_provider_in_a_shard_job_and_in_process_agree(workdir, monkeypatch):
+    """The same module in a real run (canary on, 2 shards) and in-process: the same text for every key."""
+    (workdir / "espnet3_style.py").write_text(ESPNET3_MODULE)
+    config = read_config(workdir)
+    config["stages"] = {"upper": {"runner": "espnet3_style.KeyRunner", "provider": "espnet3_style.Espnet3StyleProvider",
+                                  "datasets": ["demo"], "sharding": {"num_shards": 2}, "canary": 1}}
+    config["datasets"] = {"demo": config["datasets"]["demo"]}
+    write_config(workdir, config)
+    run = run_snakemake(workdir)
+    assert run.returncode == 0, run.stderr[-3000:]
+    merged = (workdir / "results/upper/demo/text").read_text()
+    assert merged == "".join(f"{k} {k.upper()}\n" for k in DEMO_KEYS)
+
+    monkeypatch.syspath_prepend(str(workdir))
+    monkeypatch.chdir(workdir)
+    from espnet3_style import Espnet3StyleProvider as Provider
+    from espnet3_style import KeyRunner as Runner
+
+    results = Runner(Provider({"dataset": {"path": "data/demo"}}))(DEMO_KEYS)
+    assert "".join(f"{r['key']} {r['text']}\n" for r in results) == merged
+
+
+# -- 2. ints are positions into the env's dataset (ESPnet3's runner(range(n))), in its order --
+
+def test_int_indices_are_positions_into_the_dataset_in_plan_order():
+    """runner(range(2)) runs the dataset's first two keys (was: KeyError: 0); the dataset's order is the
+    plan's (the keys of split.0, then split.1, ...); list(dataset) gives the keys."""
+    provider = BuildEnvProvider({"dataset": DEMO})
+    assert [r["key"] for r in KeyRunner(provider)(range(2))] == DEMO_KEYS[:2]
+    assert [r["key"] for r in KeyRunner(provider)([9, 0])] == [DEMO_KEYS[9], DEMO_KEYS[0]]
+    assert list(load_dataset(DEMO)) == DEMO_KEYS
+
+    from snakeshard.plan import make_plan
+
+    _, shard_keys, _ = make_plan({"name": "demo", **DEMO}, {"num_shards": 3})
+    assert len(shard_keys) == 3 and [k for keys in shard_keys for k in keys] == DEMO_KEYS
+
+
+def test_int_indices_refused_outside_the_dataset_or_without_one():
+    provider = BuildEnvProvider({"dataset": DEMO})
+    with pytest.raises(ContractError, match=r"position 10 is outside the dataset's 10 keys \(0 to 9\)"):
+        KeyRunner(provider)([10])
+    with pytest.raises(ContractError, match=r"position -1 is outside"):
+        KeyRunner(provider)([-1])
+
+    class DictDataset(InferenceProvider):
+        def build_env(self):
+            return {"dataset": {"a": {"key": "a"}}, "model": str.upper}
+
+    with pytest.raises(ContractError, match=r"runner\(keys\): 0 is an int; keys are strings \(list\(dataset\) gives "
+                                            r"a dataset's keys in order\).*this env has a dict 'dataset'"):
+        KeyRunner(DictDataset({}))(range(1))
+    with pytest.raises(ContractError, match=r"runner\(keys\): 1.5 is a float; keys are strings"):
+        KeyRunner(provider)([DEMO_KEYS[0], 1.5])
