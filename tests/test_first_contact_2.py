@@ -163,3 +163,91 @@ def test_int_indices_refused_outside_the_dataset_or_without_one():
         KeyRunner(DictDataset({}))(range(1))
     with pytest.raises(ContractError, match=r"runner\(keys\): 1.5 is a float; keys are strings"):
         KeyRunner(provider)([DEMO_KEYS[0], 1.5])
+
+
+# -- 3. DanLing's AverageMeters: meters start on first use, attribute access, merge across shards --
+
+from snakeshard.metrics import AverageMeter, AverageMeters  # noqa: E402
+from test_metrics import assert_close, partition, roundtrip  # noqa: E402
+
+
+def test_average_meters_start_on_first_use_as_danlings():
+    """AverageMeters() then update(loss=...) (was: KeyError: no meter 'loss' (declared: [])), DanLing's numbers."""
+    meters = AverageMeters()
+    meters.update(loss=0.6)
+    meters.update({"loss": 0.8, "auroc": 0.7}, n=3)
+    assert list(meters) == ["loss", "auroc"]
+    assert meters["loss"].count == 4 and math.isclose(meters["loss"].avg, (0.6 + 3 * 0.8) / 4, rel_tol=1e-12)
+    assert f"{meters['auroc']:.4f}" == "0.7000 (0.7000)"
+    fresh = AverageMeters()
+    fresh["acc"].update(0.5)  # reading a name starts its meter too, as DanLing's DefaultDict does
+    assert fresh.count == {"acc": 1}
+
+
+def test_average_meters_attribute_access():
+    meters = AverageMeters()
+    meters.loss.update(0.7)  # DanLing's docstring example
+    meters.loss.update(0.9)
+    assert meters.loss is meters["loss"] and meters.loss.count == 2 and math.isclose(meters.loss.avg, 0.8)
+    assert meters.avg == {"loss": meters.loss.avg}  # avg is the class's: all averages
+    declared = AverageMeters("loss")
+    declared.loss.update(1.0)
+    with pytest.raises(AttributeError, match="no meter 'lsos'"):
+        declared.lsos
+    assert not hasattr(declared, "lsos") and "lsos" not in declared
+    import copy
+    import pickle
+
+    assert pickle.loads(pickle.dumps(meters)).loss.count == 2 and copy.deepcopy(meters).avg == meters.avg
+
+
+def _meters_pass(items):
+    meters = AverageMeters()
+    for name, value, n in items:
+        if name == "count":  # an attribute of AverageMeters (all counts): by name
+            meters.update({name: value}, n=n)
+        else:
+            getattr(meters, name).update(value, n)
+    return meters
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("parts", [2, 5, 9])
+def test_average_meters_started_in_other_orders_and_sets_merge_to_one_pass(parts, seed):
+    """Shards whose meters started in different orders, some lacking a name (or every name): merging their JSON
+    states, in any order, equals one AverageMeters over all values (counts exactly, sums to 1e-12; with dyadic
+    values, exactly); before, the merge refused shards whose meter names differed."""
+    rng = random.Random(seed)
+    names = ["loss", "acc", "count", "grad_norm"]  # "count" is also an attribute: updated by name
+    items = [(rng.choice(names[:3]) if i % 17 else "grad_norm", rng.uniform(-2, 2), rng.randint(1, 16))
+             for i in range(120)]
+    whole = _meters_pass(items)
+    states = [roundtrip(_meters_pass(part).state()) for part in partition(items, parts, seed)]
+    assert len({tuple(s["meters"]) for s in states}) > 1  # the shards started different names, or in other orders
+    merged = AverageMeters.merge(states)
+    shuffled = AverageMeters.merge(rng.sample(states, len(states)))
+    for meters in (merged, shuffled):
+        assert set(meters) == set(whole)
+        assert meters.count == whole.count
+        assert_close(meters.sum, whole.sum)
+        assert_close(meters.avg, whole.avg)
+    assert list(merged) == list(shuffled) and merged.sum == shuffled.sum  # the same bits in any order
+
+    dyadic = [(name, round(value * 8) / 8, n) for name, value, n in items]
+    one = _meters_pass(dyadic)
+    exact = AverageMeters.merge([_meters_pass(p).state() for p in partition(dyadic, parts, seed)])
+    assert exact.sum == one.sum and exact.count == one.count and exact.avg == one.avg
+
+
+def test_average_meters_merge_keeps_an_empty_meter_harmless():
+    """A shard that read a meter without updating it holds it empty: it adds nothing."""
+    one, other = AverageMeters(), AverageMeters()
+    one.update(loss=1.0, n=2)
+    other.loss  # started, never updated
+    other.update(acc=0.5)
+    merged = AverageMeters.merge([one.state(), other.state()])
+    assert merged.count == {"loss": 2, "acc": 1} and merged.avg == {"loss": 1.0, "acc": 0.5}
+    assert AverageMeters.merge([AverageMeters().state()]).count == {}
+    with pytest.raises(KeyError, match="no meter 'nope'"):
+        merged["nope"]
+    assert isinstance(merged["loss"], AverageMeter)
