@@ -17,7 +17,7 @@ import pytest
 from conftest import PROJECT, make_kaldi_dir, read_config, run_cli, run_snakemake, write_config
 from snakeshard import BaseRunner, EnvironmentProvider, InferenceProvider
 from snakeshard.data import load_dataset
-from snakeshard.errors import ContractError
+from snakeshard.errors import ContractError, DataError
 
 DEMO = {"path": str(PROJECT / "data/demo")}
 DEMO_KEYS = [line.split()[0] for line in (PROJECT / "data/demo/wav.scp").read_text().splitlines()]
@@ -251,3 +251,58 @@ def test_average_meters_merge_keeps_an_empty_meter_harmless():
     with pytest.raises(KeyError, match="no meter 'nope'"):
         merged["nope"]
     assert isinstance(merged["loss"], AverageMeter)
+
+
+# -- 4. messages name the real stage and dataset, not stages.<stage> / datasets.<name> --
+
+TEMPLATE_STAGE = PROJECT / "src/snakeshard/project_template/my_stage.py"
+
+
+def energy_stage(wd: Path, stage: str, dataset: str, **settings) -> None:
+    """``wd``'s config: one stage of the template's EnergyRunner (it loads each key's audio) over ``dataset``."""
+    (wd / "my_stage.py").write_text(TEMPLATE_STAGE.read_text())
+    config = read_config(wd)
+    config["stages"] = {stage: {"runner": "my_stage.EnergyRunner", "provider": "my_stage.EnergyProvider",
+                                "datasets": [dataset], **settings}}
+    write_config(wd, config)
+
+
+def failed_output(wd: Path, run) -> str:
+    """What a failed run printed, and every log it left."""
+    assert run.returncode != 0, run.stderr[-3000:]
+    return run.stdout + run.stderr + "".join(p.read_text() for p in (wd / "results").rglob("logs/*.log"))
+
+
+@pytest.mark.parametrize("job", [{}, {"canary": 2}, {"shards_per_job": 2}], ids=["shard", "canary", "run-shards"])
+def test_wrong_sample_rate_names_the_stage(workdir, job):
+    """A 16 kHz demo wav under a stage with sample_rate: 8000: the error names stages.energy8k.sample_rate (was:
+    stages.<stage>.sample_rate), in a shard job, the canary, and a job of several shards."""
+    config = read_config(workdir)
+    config["datasets"] = {"demo": config["datasets"]["demo"]}
+    write_config(workdir, config)
+    energy_stage(workdir, "energy8k", "demo", sample_rate=8000, sharding={"num_shards": 2}, **job)
+    out = failed_output(workdir, run_snakemake(workdir))
+    assert "is 16000 Hz, the stage expects 8000 Hz (stages.energy8k.sample_rate)" in out, out[-3000:]
+    assert "<stage>" not in out
+
+
+def test_segment_past_the_recording_names_the_dataset(workdir, monkeypatch):
+    """A segment ending 2 s past its recording's end: the error names datasets.segs.max_segment_overshoot (was:
+    datasets.<name>.max_segment_overshoot); in-process, with an unnamed spec, the dataset spec's key."""
+    segs = workdir / "data/segs"
+    make_kaldi_dir(segs, ["rec1"], Path("data/demo/wav/cards-001.wav"))  # 1.095 s
+    (segs / "segments").write_text("rec1-a rec1 0.00 0.50\nrec1-b rec1 0.50 3.10\n")
+    config = read_config(workdir)
+    config["datasets"] = {"segs": {"path": "data/segs", "format": "kaldi"}}
+    write_config(workdir, config)
+    energy_stage(workdir, "energy", "segs", sharding={"num_shards": 1})
+    out = failed_output(workdir, run_snakemake(workdir))
+    assert "ends past the end of data/demo/wav/cards-001.wav (1.095 s); fix the segment or set " \
+           "datasets.segs.max_segment_overshoot" in out, out[-3000:]
+    assert "<name>" not in out
+
+    monkeypatch.chdir(workdir)  # wav.scp's paths are relative to the project
+    dataset = load_dataset({"path": "data/segs"})
+    with pytest.raises(DataError, match="fix the segment or set max_segment_overshoot in the dataset spec"):
+        dataset.load_audio("rec1-b")
+    assert dataset.load_audio("rec1-a")[0].shape == (8000,)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from snakeshard.job import (CANARY, ERROR_PREFIX, cmd_run_shard, cmd_run_shards, main, read_spec, shard_id,
-                            shard_range)
+from snakeshard.job import (CANARY, ERROR_PREFIX, cmd_run_shard, cmd_run_shards, main, naming_stage, read_spec,
+                            shard_id, shard_range)
 
 __all__ = ["build_parser", "main"]  # main: the `snakeshard` script (pyproject.toml); it parses job lines itself
 
@@ -55,7 +55,8 @@ def cmd_merge(args) -> int:
         raise MergeError(f"refusing to merge {args.set_dir}: its plan changed while this run was going "
                          "(another snakemake or snakeshard run with other data or config?); run snakemake again")
     runner_cls = import_object(spec["runner"], f"stages.{spec['stage']}.runner")
-    record = merge_set(Path(args.set_dir), plan, fingerprints, runner_cls)
+    with naming_stage(spec["stage"]):
+        record = merge_set(Path(args.set_dir), plan, fingerprints, runner_cls)
     print(f"merged {shards_text(record['shards'])}, {record['items']} items into {args.set_dir}: "
           f"{', '.join(record['files'])}")
     return 0
@@ -69,7 +70,8 @@ def cmd_report(args) -> int:
     spec = read_spec(args.spec)
     require_current(args.set_dir, args.inputs)  # never draw a stale merge
     runner_cls = import_object(spec["runner"], f"stages.{spec['stage']}.runner")
-    runner_cls.report(Path(args.set_dir), Path(args.output).name, Path(args.output))
+    with naming_stage(spec["stage"]):
+        runner_cls.report(Path(args.set_dir), Path(args.output).name, Path(args.output))
     print(f"wrote {args.output}")
     return 0
 
