@@ -306,3 +306,36 @@ def test_segment_past_the_recording_names_the_dataset(workdir, monkeypatch):
     with pytest.raises(DataError, match="fix the segment or set max_segment_overshoot in the dataset spec"):
         dataset.load_audio("rec1-b")
     assert dataset.load_audio("rec1-a")[0].shape == (8000,)
+
+
+# -- 5. --help describes every option; --version --
+
+def test_every_option_of_every_command_has_help():
+    """Every argument of the top-level parser and of each command's parser has a help string (was: init's DIR,
+    plan --stage, run-shard --shard-dir, merge/report --set-dir, report --output, wer --hyp/--ref/--out had none)."""
+    import argparse
+
+    from snakeshard.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    parsers = {"snakeshard": parser, **{f"snakeshard {name}": sub for name, sub in commands.choices.items()}}
+    assert {"init", "plan", "status", "wer", "merge", "report", "run-shard", "run-shards"} <= set(commands.choices)
+    missing = [f"{where} {'/'.join(action.option_strings) or action.metavar or action.dest}"
+               for where, p in parsers.items() for action in p._actions
+               if not action.help or action.help == argparse.SUPPRESS]
+    assert missing == []
+
+
+def test_version_option_prints_the_version(tmp_path):
+    import snakeshard
+
+    script = Path(sys.executable).parent / "snakeshard"
+    runs = [subprocess.run([sys.executable, "-m", "snakeshard", "--version"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60)]
+    if script.exists():  # the console script `pip install` writes
+        runs.append(subprocess.run([str(script), "--version"], cwd=tmp_path, capture_output=True, text=True,
+                                   timeout=60))
+    for run in runs:
+        assert run.returncode == 0 and run.stdout == f"snakeshard {snakeshard.__version__}\n", run.stderr
+    assert "--version" in run_cli(tmp_path, "--help").stdout
