@@ -339,3 +339,26 @@ def test_version_option_prints_the_version(tmp_path):
     for run in runs:
         assert run.returncode == 0 and run.stdout == f"snakeshard {snakeshard.__version__}\n", run.stderr
     assert "--version" in run_cli(tmp_path, "--help").stdout
+
+
+# -- 6. the README's "Your own project" block says how to install the extras --
+
+def test_your_own_project_block_says_how_to_install_the_extras():
+    """A comment line of the block (test_installed runs the block; a comment installs nothing) gives the extras'
+    install, torch pinned first as command 1 pins it; the extras exist (was: the block never named them)."""
+    import re
+    import tomllib
+
+    from test_readme import fenced_blocks
+
+    block = next(lines for lang, lines in fenced_blocks() if lang == "bash" and lines[0].startswith("python3 -m venv"))
+    extras_line = next(line for line in block if "[demo,torch]" in line)
+    assert extras_line.startswith("# ")
+    command = extras_line.split(": ", 1)[1]
+    readme = (PROJECT / "README.md").read_text()
+    command_1 = readme.split("## From a clone: two commands", 1)[1].split("```bash\n", 1)[1].splitlines()[1]
+    pin = re.search(r"pip install -q (torch==\S+)", command_1).group(1)
+    assert command == (f"~/.venvs/snakeshard/bin/pip install -q {pin} && "
+                       '~/.venvs/snakeshard/bin/pip install -q "./snakeshard[demo,torch]"')
+    extras = tomllib.loads((PROJECT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {"demo", "torch"} <= set(extras)
