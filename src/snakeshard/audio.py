@@ -83,8 +83,10 @@ def _run_pipe(command: str, where: str) -> bytes:
     return done.stdout
 
 
-def read_item_audio(item, *, dtype: str = "float32", sample_rate: int | None = None, max_overshoot: float = 0.0):
-    """(samples, rate) of a dataset item (``snakeshard.data.Item``): a file or a pipe, cut to its segment."""
+def read_item_audio(item, *, dtype: str = "float32", sample_rate: int | None = None, max_overshoot: float = 0.0,
+                    dataset: str | None = None):
+    """(samples, rate) of a dataset item (``snakeshard.data.Item``): a file or a pipe, cut to its segment.
+    ``dataset``: the name of the item's dataset in the config (the one its ``max_segment_overshoot`` is set in)."""
     import soundfile
 
     where = f"key {item.key!r} ({item.source})"
@@ -116,9 +118,9 @@ def read_item_audio(item, *, dtype: str = "float32", sample_rate: int | None = N
         length = len(samples) / rate
         if end > length + max_overshoot:
             allowed = f" by more than max_segment_overshoot={max_overshoot} s" if max_overshoot else ""
+            setting = f"datasets.{dataset}.max_segment_overshoot" if dataset else "max_segment_overshoot in the dataset spec"
             raise DataError(f"{where}: segment {start}-{end} s ends past the end of {name} ({length:.3f} s){allowed}; "
-                            "fix the segment or set datasets.<name>.max_segment_overshoot (Kaldi's extract-segments "
-                            "tolerates 0.5 s)")
+                            f"fix the segment or set {setting} (Kaldi's extract-segments tolerates 0.5 s)")
         samples = samples[int(start * rate): int(end * rate)]
         if len(samples) == 0:
             raise DataError(f"{where}: segment {start}-{end} s of {name} holds no samples at {rate} Hz")

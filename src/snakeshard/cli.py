@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from snakeshard.job import (CANARY, ERROR_PREFIX, cmd_run_shard, cmd_run_shards, main, read_spec, shard_id,
-                            shard_range)
+from snakeshard.job import (CANARY, ERROR_PREFIX, cmd_run_shard, cmd_run_shards, main, naming_stage, read_spec,
+                            shard_id, shard_range)
 
 __all__ = ["build_parser", "main"]  # main: the `snakeshard` script (pyproject.toml); it parses job lines itself
 
@@ -55,7 +55,8 @@ def cmd_merge(args) -> int:
         raise MergeError(f"refusing to merge {args.set_dir}: its plan changed while this run was going "
                          "(another snakemake or snakeshard run with other data or config?); run snakemake again")
     runner_cls = import_object(spec["runner"], f"stages.{spec['stage']}.runner")
-    record = merge_set(Path(args.set_dir), plan, fingerprints, runner_cls)
+    with naming_stage(spec["stage"]):
+        record = merge_set(Path(args.set_dir), plan, fingerprints, runner_cls)
     print(f"merged {shards_text(record['shards'])}, {record['items']} items into {args.set_dir}: "
           f"{', '.join(record['files'])}")
     return 0
@@ -69,7 +70,8 @@ def cmd_report(args) -> int:
     spec = read_spec(args.spec)
     require_current(args.set_dir, args.inputs)  # never draw a stale merge
     runner_cls = import_object(spec["runner"], f"stages.{spec['stage']}.runner")
-    runner_cls.report(Path(args.set_dir), Path(args.output).name, Path(args.output))
+    with naming_stage(spec["stage"]):
+        runner_cls.report(Path(args.set_dir), Path(args.output).name, Path(args.output))
     print(f"wrote {args.output}")
     return 0
 
@@ -203,27 +205,34 @@ def build_parser():
     (job.JOB_COMMANDS), with the same options as the run-shard and run-shards parsers below."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="snakeshard", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
+    from snakeshard import __version__
+
+    p = argparse.ArgumentParser(prog="snakeshard", description=__doc__.split("\n")[0].replace("``", ""))
+    p.add_argument("--version", action="version", version=f"snakeshard {__version__}",
+                   help="print snakeshard's version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           help="one of the commands below; snakeshard COMMAND --help describes its options")
 
     def with_config(sp):
         sp.add_argument("--config", default="config/config.yaml", help="workflow config (default: %(default)s)")
 
     sp = sub.add_parser("init", help="write a new project (Snakefile using the shipped workflow as a module, "
                                      "config, an example stage, local and SLURM profiles) into DIR")
-    sp.add_argument("directory", metavar="DIR")
+    sp.add_argument("directory", metavar="DIR", help="the project directory: created if missing; no file of the "
+                                                     "project may exist there yet")
     sp.add_argument("--data", help="a Kaldi data dir (with wav.scp) or a .jsonl manifest; default: copy the demo speech")
     sp.set_defaults(func=cmd_init)
 
     sp = sub.add_parser("plan", help="print the shard plan (shard, items, seconds) without running anything")
     with_config(sp)
-    sp.add_argument("--stage")
+    sp.add_argument("--stage", help="only this stage's datasets (default: every stage's)")
     sp.set_defaults(func=cmd_plan)
 
     sp = sub.add_parser("run-shard", help="run one shard (called by the shard rule)")
     sp.add_argument("--spec", required=True, help="stage run spec: a JSON file (spec.json beside plan.json)")
     sp.add_argument("--shard", type=shard_id, required=True, help=f"shard number, or {CANARY!r} for the stage's canary job")
-    sp.add_argument("--shard-dir", required=True)
+    sp.add_argument("--shard-dir", required=True, help="the shard's dir (split.N/, the canary's under _canary/): "
+                                                       "its keys and items.json in, its fragments and done out")
     given = sp.add_mutually_exclusive_group(required=True)
     given.add_argument("--shard-inputs", help="a shard job: what its fingerprint digests (stage:keys:records:audio)")
     given.add_argument("--fingerprint", help="the canary: the stage fingerprint")
@@ -242,7 +251,8 @@ def build_parser():
 
     sp = sub.add_parser("merge", help="validate and merge all shards of a stage/dataset (called by the merge rule)")
     sp.add_argument("--spec", required=True, help="stage run spec: a JSON file")
-    sp.add_argument("--set-dir", required=True)
+    sp.add_argument("--set-dir", required=True, help="the stage/dataset dir (results/STAGE/DATASET) holding split.N/; "
+                                                     "the merged files are written there")
     sp.add_argument("--inputs", required=True, help="digest of the shard fingerprints the run's DAG was built with")
     sp.add_argument("--log", help="the merge's log file")
     sp.set_defaults(func=cmd_merge)
@@ -250,9 +260,10 @@ def build_parser():
     sp = sub.add_parser("report", help="draw a runner's report file (e.g. metrics.png) from a merged set (called by "
                                        "the report rule)")
     sp.add_argument("--spec", required=True, help="stage run spec: a JSON file")
-    sp.add_argument("--set-dir", required=True)
+    sp.add_argument("--set-dir", required=True, help="the merged stage/dataset dir (results/STAGE/DATASET) to draw from")
     sp.add_argument("--inputs", required=True, help="digest of the shard fingerprints the merge must have been made from")
-    sp.add_argument("--output", required=True)
+    sp.add_argument("--output", required=True, help="the report file to write; its name is one of the runner's "
+                                                    "reports (e.g. results/score/demo_asr/metrics.png)")
     sp.set_defaults(func=cmd_report)
 
     sp = sub.add_parser("status", help="list each shard as done, stale (with the cause), failed (with its log tail), "
@@ -261,10 +272,11 @@ def build_parser():
     sp.set_defaults(func=cmd_status)
 
     sp = sub.add_parser("wer", help="word error rate of a hypothesis text file against a reference (jiwer)")
-    sp.add_argument("--hyp", required=True)
-    sp.add_argument("--ref", required=True)
+    sp.add_argument("--hyp", required=True, help="hypotheses: a 'key text' file (e.g. a merged results/asr/demo/text; "
+                                                 "a snakeshard set's is read only when its merge is current)")
+    sp.add_argument("--ref", required=True, help="references: a 'key text' file with the same keys (e.g. data/demo/text)")
     sp.add_argument("--normalize", help="jiwer transforms for both sides, comma-separated (e.g. lowercase,"
                                         "remove_punctuation); default: none, the text as written")
-    sp.add_argument("--out")
+    sp.add_argument("--out", help="also write the printed line to this file (default: print only)")
     sp.set_defaults(func=cmd_wer)
     return p

@@ -42,7 +42,13 @@ class EnvironmentProvider:
         self.config = dict(config or {})
 
     def build_env_local(self) -> dict:
-        raise NotImplementedError(f"{type(self).__name__} must implement build_env_local()")
+        """The env of an in-process run (``runner(keys)``). Default: ``build_worker_setup_fn()()``, when a
+        subclass overrides only that (ESPnet3's worker-setup style): in-process and shard jobs then build
+        the env alike."""
+        if _overrides(type(self), "build_worker_setup_fn", EnvironmentProvider):
+            return self.build_worker_setup_fn()()
+        raise NotImplementedError(f"{type(self).__name__} must implement build_env_local() "
+                                  "(or build_worker_setup_fn())")
 
     def build_worker_setup_fn(self) -> Callable[[], dict]:
         """A picklable-in-spirit function a worker calls once to build its env (default: build_env_local)."""
@@ -56,20 +62,31 @@ class EnvironmentProvider:
 
 
 class InferenceProvider(EnvironmentProvider):
-    """A provider whose local env is built once and then reused (models are expensive to load)."""
+    """A provider whose local env is built once and then reused (models are expensive to load).
+
+    Implement ``build_env()``, or, as in ESPnet3, ``build_worker_setup_fn()`` returning the function that
+    builds the env. In-process runs and shard jobs both build it with ``build_worker_setup_fn()()`` (whose
+    default is ``build_env``); in-process, that happens once per provider (ESPnet3 builds it in
+    ``__init__``; here on the first ``build_env_local()``).
+    """
 
     _env: dict | None = None
 
     def build_env_local(self) -> dict:
         if self._env is None:
-            self._env = self.build_env()
+            self._env = self.build_worker_setup_fn()()
         return self._env
 
     def build_worker_setup_fn(self) -> Callable[[], dict]:
         return self.build_env
 
     def build_env(self) -> dict:
-        raise NotImplementedError(f"{type(self).__name__} must implement build_env()")
+        raise NotImplementedError(f"{type(self).__name__} must implement build_env() (or build_worker_setup_fn())")
+
+
+def _overrides(cls: type, name: str, base: type) -> bool:
+    """True if ``cls`` defines ``name`` other than ``base`` does."""
+    return getattr(cls, name) is not getattr(base, name)
 
 
 class BaseRunner:
@@ -104,10 +121,12 @@ class BaseRunner:
         self.progress = progress
 
     def __call__(self, keys: list[str]):
+        """Run over ``keys`` (strings; ints, as ESPnet3's ``runner(range(n))`` passes, are positions into the
+        env's ``dataset``: see ``resolve_keys``)."""
         from snakeshard.shard import run_shard
 
         env = self.provider.build_env_local()
-        return run_shard(type(self), env, list(keys), self.output_dir, progress=self.progress,
+        return run_shard(type(self), env, resolve_keys(keys, env), self.output_dir, progress=self.progress,
                          outputs=self.outputs, **self.batching)
 
     @staticmethod
@@ -170,6 +189,35 @@ class BaseRunner:
     def report(cls, set_dir: Path, name: str, path: Path) -> None:
         """Draw the report file ``name`` (one of ``reports``) of the merged ``set_dir`` into ``path``."""
         raise NotImplementedError(f"{cls.__name__} lists {name!r} in reports but does not define report()")
+
+
+def resolve_keys(keys, env: dict) -> list[str]:
+    """The keys of an in-process call as strings. An int is a position into ``env["dataset"]`` when that is a
+    ``snakeshard.data`` dataset, whose keys keep the dataset's file order (the plan's): ``range(2)`` is
+    its first two keys, as ESPnet3's int indices. Any other int is refused, naming it."""
+    keys = list(keys)
+    if all(isinstance(k, str) for k in keys):
+        return keys
+    order = getattr(env.get("dataset"), "keys", None)
+    resolved = []
+    for k in keys:
+        if isinstance(k, str):
+            resolved.append(k)
+            continue
+        if isinstance(k, bool) or not hasattr(k, "__index__"):
+            raise ContractError(f"runner(keys): {k!r} is a {type(k).__name__}; keys are strings (the dataset's "
+                                "keys, in order: list(dataset)), or ints as positions into the env's dataset")
+        if not isinstance(order, list):
+            raise ContractError(f"runner(keys): {k!r} is an int; keys are strings (list(dataset) gives a dataset's "
+                                "keys in order). An int is taken as a position only into an env 'dataset' from "
+                                "snakeshard.data.load_dataset, which keeps the dataset's order; this env has "
+                                + (f"a {type(env['dataset']).__name__} 'dataset'" if "dataset" in env else "no 'dataset'"))
+        position = k.__index__()
+        if not 0 <= position < len(order):
+            raise ContractError(f"runner(keys): position {position} is outside the dataset's {len(order)} keys "
+                                f"(0 to {len(order) - 1})")
+        resolved.append(order[position])
+    return resolved
 
 
 def injected_kwargs(runner_cls: type, env: dict) -> dict:

@@ -367,6 +367,10 @@ class KaldiDataset:
     def __contains__(self, key: str) -> bool:
         return key in self._items
 
+    def __iter__(self):
+        """The keys in the dataset's file order (the plan's): ``list(dataset)``."""
+        return iter(self.keys)
+
     def _item(self, key: str) -> Item:
         try:
             return self._items[key]
@@ -399,8 +403,9 @@ class KaldiDataset:
         item = self._item(key)
         if item.audio is None:
             raise DataError(f"key {key!r} ({item.source}) has no audio")
+        source = source_spec(self.spec)
         return read_item_audio(item, dtype=dtype, sample_rate=self.spec.get("sample_rate"),
-                               max_overshoot=float(source_spec(self.spec).get("max_segment_overshoot", 0.0)))
+                               max_overshoot=float(source.get("max_segment_overshoot", 0.0)), dataset=source.get("name"))
 
     def load_mono_audio(self, key: str, dtype: str = "float32"):
         """``load_audio``, for a stage that reads one channel: a multi-channel recording is refused naming the

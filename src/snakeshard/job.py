@@ -67,13 +67,35 @@ def _run_canary(args, spec: dict) -> int:
 def _run_shard(args, spec: dict) -> int:
     from snakeshard.fingerprint import digest, parse_shard_inputs
 
-    with _job_env(spec, f"shard {args.shard}" + (f" (log: {args.log})" if args.log else "")) as job:
+    label = f"shard {args.shard}" + (f" (log: {args.log})" if args.log else "")
+    with naming_stage(spec["stage"]), _job_env(spec, label) as job:
         if args.shard_inputs is not None:  # a shard job: its fingerprint is the digest of what it was given
             fingerprint, inputs = digest(args.shard_inputs), parse_shard_inputs(args.shard_inputs)
         else:  # the canary: the stage fingerprint
             fingerprint, inputs = args.fingerprint, None
         _run_one(spec, job, args.shard, args.shard_dir, fingerprint, inputs, args.log)
     return 0
+
+
+STAGE_KEY = "stages.<stage>."  # how messages of code that does not know the stage name its config keys
+
+
+def in_stage(text: str, stage: str) -> str:
+    """``text`` with its ``stages.<stage>.`` config keys naming ``stage``."""
+    return text.replace(STAGE_KEY, f"stages.{stage}.")
+
+
+@contextlib.contextmanager
+def naming_stage(stage: str):
+    """A SnakeshardError raised inside, its ``stages.<stage>.`` keys naming ``stage``: the dataset readers, writers
+    and shipped providers word their errors so (they run in-process too, where there is no stage)."""
+    try:
+        yield
+    except SnakeshardError as e:
+        named = in_stage(str(e), stage)
+        if named == str(e):
+            raise
+        raise type(e)(named) from e.__cause__
 
 
 @contextlib.contextmanager
@@ -143,14 +165,15 @@ def cmd_run_shards(args) -> int:
         slices = [os.path.join(set_dir, f"split.{n}", SHARD_ITEMS) for n in todo]
         spec["dataset"] = {**spec["dataset"], "shard_items": slices}
         label = f"shards {first}-{last}" + (f" (log: {args.log})" if args.log else "")
-        with _job_env(spec, label) as job:
+        with naming_stage(spec["stage"]), _job_env(spec, label) as job:
             for n in todo:
                 try:
                     _run_one(spec, job, n, os.path.join(set_dir, f"split.{n}"), wanted[n],
                              parse_shard_inputs(texts[n - first]), args.log)
                 except SnakeshardError as e:  # the next shards still run: a rerun then redoes this one only
-                    _report(ERROR_PREFIX + str(e), e.__cause__, None)
-                    failed.append(str(e))
+                    message = in_stage(str(e), spec["stage"])
+                    _report(ERROR_PREFIX + message, e.__cause__, None)
+                    failed.append(message)
     if failed:
         raise ShardError(f"shards {first}-{last}: {len(failed)} of {len(todo)} failed (the others are done and "
                          f"are not rerun): " + "; ".join(failed))

@@ -116,27 +116,44 @@ class MetricMeter(AverageMeter):
 
 
 class AverageMeters:
-    """Several named ``AverageMeter``s, declared up front: ``AverageMeters("loss", "acc")``.
+    """Several named ``AverageMeter``s.
 
-    ``update({"loss": 0.3})`` or ``update(loss=0.3, n=8)``; a name that was not declared is a
-    ``KeyError`` (a typo never starts a meter of its own), and so is reading one.
+    As DanLing's: ``AverageMeters()`` starts a meter on a name's first use (``update(loss=0.3, n=8)``,
+    ``update({"loss": 0.3})``, ``meters["loss"]``, ``meters.loss``). With names declared up front,
+    ``AverageMeters("loss", "acc")``, another name is a ``KeyError`` (a typo never starts a meter of its
+    own), and so is reading one. A name that is also an attribute of this class (``avg``, ``sum``, ``count``,
+    ``val``, ``update``, ...) is read as ``meters["avg"]``.
     """
 
     def __init__(self, *names: str, **meters: AverageMeter):
         self._meters = {name: AverageMeter() for name in names}
         self._meters.update(meters)
+        self._declared = bool(self._meters)  # declared names: no other meter starts
 
     @classmethod
     def _of(cls, meters: dict) -> "AverageMeters":
         made = cls()
         made._meters = dict(meters)  # any name, "self" included
+        made._declared = True
         return made
 
     def __getitem__(self, name: str) -> AverageMeter:
         try:
             return self._meters[name]
         except KeyError:
-            raise KeyError(f"no meter {name!r} (declared: {sorted(self._meters)})") from None
+            if self._declared:
+                raise KeyError(f"no meter {name!r} (declared: {sorted(self._meters)})") from None
+        meter = self._meters[name] = AverageMeter()
+        return meter
+
+    def __getattr__(self, name: str) -> AverageMeter:
+        # only for names that are no attribute of the object: meters.loss
+        if name.startswith("_"):  # copy, pickle and other protocols probe dunder and private names
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError as e:
+            raise AttributeError(e.args[0]) from None
 
     def __contains__(self, name: str) -> bool:
         return name in self._meters
@@ -149,8 +166,9 @@ class AverageMeters:
 
     def update(self, values: dict | None = None, *, n: int = 1, **kw) -> None:
         values = {**(values or {}), **kw}
-        for name in values:
-            self[name]  # every name checked first: a typo updates nothing
+        if self._declared:
+            for name in values:
+                self[name]  # every name checked first: a typo updates nothing
         for name, value in values.items():
             self[name].update(value, n)
 
@@ -179,12 +197,13 @@ class AverageMeters:
 
     @classmethod
     def merge(cls, states) -> "AverageMeters":
+        """The meters of all states, each merged from the states that hold it: shards may have started their
+        meters in any order, and a shard without a name's values has no meter of it (a meter it holds empty
+        adds nothing). The merged object holds those names only."""
         states = check_states(cls, states)
-        names = list(states[0]["meters"])
-        for state in states[1:]:
-            if set(state["meters"]) != set(names):
-                raise MetricStateError(f"AverageMeters.merge: meters {sorted(state['meters'])} and {sorted(names)} differ")
-        return cls._of({name: AverageMeter.merge([s["meters"][name] for s in states]) for name in names})
+        names = list(dict.fromkeys(name for s in canonical(states) for name in s["meters"]))  # any states' order
+        return cls._of({name: AverageMeter.merge([s["meters"][name] for s in states if name in s["meters"]])
+                        for name in names})
 
     def __format__(self, spec: str) -> str:
         return "\t".join(f"{name}: {meter:{spec}}" for name, meter in self._meters.items())
