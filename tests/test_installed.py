@@ -147,3 +147,19 @@ def test_local_runs_never_touch_slurm_without_the_extra(quick_start, tmp_path):
     slurm = run("snakemake", "--profile", "profiles/slurm", "-n")
     assert slurm.returncode != 0 and "slurm" in (slurm.stdout + slurm.stderr).lower()
     assert not calls.exists()
+
+
+def test_snakemake_report_shows_each_sets_summary(quick_start):
+    """`snakemake --report report.html` in the installed project (its dependencies come with the package:
+    before, it failed asking for pygments) holds each merged set's summary.html: shards, items, audio,
+    compute time and real-time factor, one row per shard."""
+    import base64
+
+    report = venv_run(quick_start, "snakemake", "--report", "report.html")
+    assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
+    page = (quick_start["project"] / "report.html").read_text()
+    embedded = re.search(r"filename=summary\.html;base64,([A-Za-z0-9+/=]+)", page).group(1)
+    summary = base64.b64decode(embedded).decode()
+    assert "<h3>stage energy, dataset demo</h3>" in summary
+    assert "<p>2 shards done, 10 items, audio 34.40 s; compute " in summary and "real-time factor " in summary
+    assert summary.count("<tr><td>") == 2

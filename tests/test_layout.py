@@ -31,7 +31,8 @@ BATCH_AWARE = {"snakeshard.runners.CollectStatsRunner", "snakeshard.runners.Scor
 # The one output that is not bit-exact across batchings: torch's batched kernels round differently from
 # its single-item ones (silero-vad's per-frame probabilities move by ~1e-6; its segments and wavs do not).
 TOLERATED = {("snakeshard.runners.vad.SileroVadRunner", "speech_prob"): 1e-4}
-SET_FILES_NOT_COMPARED = {"merged.json", "spec.json", "fingerprints.json", "plan.json", "audio_files.json"}
+SET_FILES_NOT_COMPARED = {"merged.json", "spec.json", "fingerprints.json", "plan.json", "audio_files.json",
+                          "summary.html"}  # timings
 PATH_FORMATS = ("ark", "npy", "wav", "flac")  # fields whose index lines name files under split.N/
 
 

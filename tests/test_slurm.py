@@ -231,8 +231,11 @@ def test_driver_killed_then_its_jobs_cancelled_by_run_id_and_one_rerun_submits_e
     driver.wait()
     logs = sorted((toy_workdir / ".snakemake/log").glob("*.snakemake.log"))
     run_id = re.search(r"SLURM run ID: (\S+)", logs[-1].read_text()).group(1)
-    assert subprocess.run(["squeue", "-h", "--name", run_id], capture_output=True, text=True).stdout.strip(), \
-        "the dead run's jobs should still be on the cluster"
+    queued = subprocess.run(["squeue", "-h", "--name", run_id, "-O", "JobID:12,Comment:60,State:12"],
+                            capture_output=True, text=True).stdout
+    assert queued.strip(), "the dead run's jobs should still be on the cluster"
+    # what the README shows to tell a run's jobs apart: each one's rule and shard, in its comment
+    assert re.search(r"rule_shard_upper_wildcards_toy_\d\s", queued), queued
     subprocess.run(["scancel", "--name", run_id], check=True)
     deadline = time.time() + 60
     while subprocess.run(["squeue", "-h", "--name", run_id], capture_output=True, text=True).stdout.strip():

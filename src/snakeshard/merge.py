@@ -21,6 +21,7 @@ from pathlib import Path
 
 from snakeshard.atomic import atomic_write_bytes, atomic_write_json, remove_temps_of
 from snakeshard.errors import MergeError, SnakeshardError
+from snakeshard.set_summary import write_set_summary
 from snakeshard.shard_files import read_shard_keys
 
 MAX_LISTED = 5
@@ -318,10 +319,11 @@ def merge_set(set_dir: Path, plan: dict, fingerprints: dict, runner_cls) -> dict
                          f"{plan['num_shards']} planned shards (plan and fingerprints out of step: rerun snakemake)")
     shard_dirs = check_shards(set_dir, plan, shard_fps)
     files = runner_cls.merge(shard_dirs, set_dir) or []
+    summary = write_set_summary(set_dir, set_dir.parent.name, set_dir.name, plan, [read_done(d) for d in shard_dirs])
     record = {"items": plan["num_items"], "shards": plan["num_shards"], "fingerprint": fingerprints["stage"],
               "inputs": fingerprints["inputs"], "files": list(files), "set_dir": os.path.abspath(set_dir)}
     atomic_write_json(set_dir / "merged.json", record)
-    for name in [*record["files"], "merged.json"]:  # what a merge killed before its renames left
+    for name in [*record["files"], summary, "merged.json"]:  # what a merge killed before its renames left
         remove_temps_of(set_dir / name)
     return record
 

@@ -1,12 +1,14 @@
 # Merge (local): refuse unless every planned shard is done with the expected fingerprint,
-# then concatenate fragments in plan order; merged.json is written last.
+# then concatenate fragments in plan order; merged.json is written last. summary.html (shards, items, audio
+# hours, compute time and real-time factor, per shard too) is what `snakemake --report` shows of the set.
 
 
 rule merge:
     input:
         lambda w: WF.job_done_files(w.stage, w.dataset),
     output:
-        f"{WF.out}/{{stage}}/{{dataset}}/merged.json",
+        merged=f"{WF.out}/{{stage}}/{{dataset}}/merged.json",
+        summary=report(f"{WF.out}/{{stage}}/{{dataset}}/summary.html", category="{stage}", subcategory="{dataset}"),
     log:
         f"{WF.out}/{{stage}}/{{dataset}}/logs/merge.log",
     params:
