@@ -1,0 +1,105 @@
+"""Checkpoints a kill -9 cannot leave half-written: ``latest.pt``, ``best.pt`` and ``history/step-<N>.pt``.
+
+Each file is written as snakeshard.atomic writes any file: to a temp file beside it, fsynced, renamed,
+and the directory fsynced. The history keeps the ``keep_latest_k`` newest steps. Loading ``latest.pt``
+that cannot be read (truncated, empty, not a torch file) falls back to the newest readable history file,
+with a ``CheckpointWarning`` naming both. Temp files a killed writer left are removed on load.
+Checkpoints hold optimizer and scheduler states of any kind, so they are read with
+``weights_only=False``: load only a run directory you trust (your own runs').
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import warnings
+from pathlib import Path
+
+from snakeshard.atomic import atomic_write_bytes
+
+_HISTORY_NAME = re.compile(r"^step-(\d+)\.pt$")
+_TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint could not be read and an older one was used instead."""
+
+
+class CheckpointManager:
+    def __init__(self, directory: str | os.PathLike, *, keep_latest_k: int = 3):
+        self.directory = Path(directory)
+        self.history = self.directory / "history"
+        self.keep_latest_k = int(keep_latest_k)
+        self.latest = self.directory / "latest.pt"
+        self.best = self.directory / "best.pt"
+
+    def save(self, state: dict, *, step: int, best: bool = False) -> None:
+        """Write ``state`` to ``history/step-<step>.pt`` (when keep_latest_k > 0), ``latest.pt`` and, with
+        ``best``, ``best.pt``; then drop history beyond the newest keep_latest_k. The history file is written
+        first, so a kill between the two leaves a history file at least as new as ``latest.pt``."""
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = buffer.getvalue()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.keep_latest_k > 0:
+            self.history.mkdir(exist_ok=True)
+            atomic_write_bytes(self.history / f"step-{step}.pt", data)
+        atomic_write_bytes(self.latest, data)
+        if best:
+            atomic_write_bytes(self.best, data)
+        self._prune()
+
+    def history_files(self) -> list[Path]:
+        """History checkpoints, newest step first."""
+        if not self.history.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.history.iterdir() if (m := _HISTORY_NAME.match(p.name))]
+        return [p for _, p in sorted(found, reverse=True)]
+
+    def _prune(self) -> None:
+        for old in self.history_files()[max(self.keep_latest_k, 0):]:
+            old.unlink(missing_ok=True)
+
+    def remove_temps(self) -> list[Path]:
+        """Remove temp files a killed writer left here and in history/ (this run's directory has one writer)."""
+        removed = []
+        for folder in (self.directory, self.history):
+            if folder.is_dir():
+                for p in folder.iterdir():
+                    if _TEMP_NAME.match(p.name) and p.is_file():
+                        p.unlink()
+                        removed.append(p)
+        return removed
+
+    def load_latest(self) -> tuple[dict, Path] | None:
+        """The newest readable checkpoint and its path: ``latest.pt``, else history newest first (warning
+        about each unreadable one); None when there is none at all. Raises when files exist but none reads."""
+        self.remove_temps()
+        candidates = ([self.latest] if self.latest.exists() else []) + self.history_files()
+        failed: list[tuple[Path, str]] = []
+        for path in candidates:
+            try:
+                state = read_checkpoint(path)
+            except Exception as e:  # truncated, empty, not a torch file
+                failed.append((path, f"{type(e).__name__}: {e}".splitlines()[0][:200]))
+                continue
+            for bad, why in failed:
+                warnings.warn(f"checkpoint {bad} is unreadable ({why}); resuming from {path} instead",
+                              CheckpointWarning, stacklevel=2)
+            return state, path
+        if failed:
+            raise RuntimeError("no readable checkpoint: " + "; ".join(f"{p} ({why})" for p, why in failed)
+                               + f". Delete {self.directory} (or pass restart) to start over")
+        return None
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict:
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(state, dict):
+        raise ValueError(f"holds a {type(state).__name__}, not a checkpoint dict")
+    return state

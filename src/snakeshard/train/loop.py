@@ -1,0 +1,365 @@
+"""The training loop: deterministic batch order, checkpoints at step boundaries, exact resume.
+
+``train(runner_cls, env, train_keys, valid_keys, config, run_dir, fingerprint=..., restart=...)``
+
+The config (every key optional)::
+
+    seed: 0               # seeds python/numpy/torch once; batch order of epoch e: permutation seeded by (seed, e)
+    epochs: 1             # or max_steps: N optimizer steps (then epochs bounds nothing unless also given)
+    batch_size: 1         # keys per train_step call (a micro-batch)
+    accum_steps: 1        # micro-batches per optimizer step (an epoch's last window may be shorter)
+    clip_grad_norm: null  # max gradient norm, clipped before each optimizer step
+    skip_nonfinite: false # a non-finite loss skips its micro-batch instead of stopping the run
+    schedule: null        # {strategy, warmup_steps, cooldown_steps, final_lr_ratio, ...}: see schedule.py
+    score: null           # {name, mode: max|min, patience}: best.pt and early stopping (valid meters, else train)
+    checkpoint: {interval: null, every_seconds: null, keep_latest_k: 3}
+
+A step is one optimizer step. A checkpoint (``run_dir/checkpoints/latest.pt``) is written every
+``interval`` steps, every ``every_seconds``, at each epoch's end (after evaluation), on SIGTERM/SIGUSR1 and at
+the end; it holds model, optimizer, scheduler, step/epoch/batch position, RNG states, meter states, best score
+and patience count, torch/snakeshard versions, the config and the caller's ``fingerprint``. A rerun resumes
+from it when config (less its ``checkpoint`` section, which changes no result) and fingerprint match, and
+refuses otherwise naming what differs. Resuming reads no data to skip: the epoch's permutation is recomputed
+and the loop starts at the saved batch position. ``run_dir/steps.jsonl`` (one line per step, one per
+evaluation) is cut back to the checkpoint's length on resume, so it ends up byte-identical to an
+uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from snakeshard.errors import ContractError, SnakeshardError
+from snakeshard.train import rng
+from snakeshard.train.checkpoint import CheckpointManager, CheckpointWarning
+from snakeshard.train.runner import runner_name, step_kwargs
+from snakeshard.train.schedule import make_scheduler
+
+DEFAULTS = {"seed": 0, "epochs": None, "max_steps": None, "batch_size": 1, "accum_steps": 1,
+            "clip_grad_norm": None, "skip_nonfinite": False, "schedule": None, "score": None,
+            "checkpoint": {"interval": None, "every_seconds": None, "keep_latest_k": 3}}
+RESULT_NEUTRAL = frozenset({"checkpoint"})  # config sections that change no result: not compared on resume
+INTERRUPT_SIGNALS = ("SIGTERM", "SIGUSR1")
+_RESTORE_RNG = True  # tests switch this off to prove the kill/resume test notices unrestored RNG
+
+
+class TrainingInterrupted(SnakeshardError):
+    """A signal asked the run to stop: a checkpoint was written at the step boundary; exit with ``exit_code``."""
+
+    exit_code = 75  # EX_TEMPFAIL: try again later (a rerun resumes)
+
+    def __init__(self, message: str, *, signal_name: str, step: int, checkpoint: Path):
+        super().__init__(message)
+        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
+
+
+class ResumeRefused(SnakeshardError):
+    """The checkpoint in run_dir was written by a run with another config or other inputs."""
+
+
+class NonFiniteLoss(SnakeshardError):
+    """train_step returned a NaN or infinite loss (and skip_nonfinite is off)."""
+
+
+@dataclass
+class TrainResult:
+    step: int
+    epoch: int                 # epochs completed
+    stopped_early: bool
+    best_score: float | None
+    best_epoch: int | None     # the epoch (0-based) whose weights best.pt holds
+    checkpoint: Path
+    resumed_from: Path | None  # the checkpoint this call started from, None for a fresh start
+
+
+def _config(config: dict | None) -> dict:
+    cfg = {**DEFAULTS, **(config or {})}
+    unknown = sorted(set(cfg) - set(DEFAULTS))
+    if unknown:
+        raise SnakeshardError(f"training config: unknown key {unknown[0]!r}; known keys: {sorted(DEFAULTS)}")
+    cfg["checkpoint"] = {**DEFAULTS["checkpoint"], **(cfg["checkpoint"] or {})}
+    if cfg["epochs"] is None and cfg["max_steps"] is None:
+        cfg["epochs"] = 1
+    score = cfg["score"]
+    if score is not None:
+        if "name" not in score:
+            raise SnakeshardError("training config: score needs a 'name' (a meter of evaluate_step)")
+        score = cfg["score"] = {"mode": "max", "patience": None, **score}
+        if score["mode"] not in ("max", "min"):
+            raise SnakeshardError(f"training config: score mode {score['mode']!r}: 'max' or 'min'")
+    return cfg
+
+
+def _flatten(d, prefix=""):
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_diff(old: dict, new: dict) -> list[str]:
+    """``key: old -> new`` for each result-changing key that differs (dotted names for nested keys)."""
+    a = _flatten({k: v for k, v in old.items() if k not in RESULT_NEUTRAL})
+    b = _flatten({k: v for k, v in new.items() if k not in RESULT_NEUTRAL})
+    missing = object()
+    return [f"{k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in sorted(set(a) | set(b))
+            if a.get(k, missing) != b.get(k, missing)]
+
+
+def batch_order(seed: int, epoch: int, n: int) -> list[int]:
+    """Epoch ``epoch``'s order of the ``n`` train keys: a permutation seeded by (seed, epoch) alone."""
+    import numpy as np
+
+    return np.random.default_rng([seed, epoch]).permutation(n).tolist()
+
+
+def _meters_state(meters) -> dict:
+    return meters.state()
+
+
+def _meters_from(state: dict | None):
+    from snakeshard.metrics.meters import AverageMeters, _as_value
+
+    meters = AverageMeters()
+    for name, s in ((state or {}).get("meters") or {}).items():
+        meter = meters[name]
+        meter.sum, meter.count = _as_value(s["sum"]), s["count"]
+    return meters
+
+
+def _versions() -> dict:
+    import torch
+
+    import snakeshard
+
+    return {"torch": torch.__version__, "snakeshard": snakeshard.__version__}
+
+
+def _json_value(value):
+    from snakeshard.metrics.meters import _as_value
+
+    v = _as_value(value)
+    return v.tolist() if hasattr(v, "tolist") else v
+
+
+def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict | None = None,
+          run_dir: str | os.PathLike = ".", *, fingerprint: str = "", restart: bool = False) -> TrainResult:
+    import torch
+
+    cfg = _config(config)
+    run_dir = Path(run_dir)
+    ckdir = run_dir / "checkpoints"
+    log_path = run_dir / "steps.jsonl"
+    if restart:
+        shutil.rmtree(ckdir, ignore_errors=True)
+        log_path.unlink(missing_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    name = runner_name(runner_cls)
+    for needed in ("model", "optimizer"):
+        if needed not in env:
+            raise ContractError(f"training needs env key {needed!r} from the provider; it gave only {sorted(env)}")
+    model, optimizer = env["model"], env["optimizer"]
+    train_keys, valid_keys = list(train_keys), list(valid_keys or ())
+    if not train_keys:
+        raise SnakeshardError("training: no train keys")
+    bs, accum = int(cfg["batch_size"]), int(cfg["accum_steps"])
+    n_batches = math.ceil(len(train_keys) / bs)
+    steps_per_epoch = math.ceil(n_batches / accum)
+    max_steps = cfg["max_steps"]
+    epochs = cfg["epochs"]
+    total_steps = max_steps if max_steps is not None else epochs * steps_per_epoch
+    scheduler = env.get("scheduler")
+    if scheduler is None and cfg["schedule"] is not None:
+        scheduler = make_scheduler(optimizer, total_steps, **cfg["schedule"])
+    train_kwargs = step_kwargs(runner_cls, "train_step", env)
+    eval_kwargs = step_kwargs(runner_cls, "evaluate_step", env) if valid_keys else None
+    score = cfg["score"]
+    manager = CheckpointManager(ckdir, keep_latest_k=cfg["checkpoint"]["keep_latest_k"])
+
+    rng.seed_all(int(cfg["seed"]))
+    p = {"step": 0, "epoch": 0, "batch_pos": 0, "best_score": None, "best_epoch": None, "bad_epochs": 0,
+         "finished": False, "stopped_early": False}
+    meters_state, log_bytes, resumed_from = None, 0, None
+    loaded = manager.load_latest()
+    if loaded is not None:
+        ck, resumed_from = loaded
+        diff = config_diff(ck.get("config", {}), cfg)
+        if diff or ck.get("fingerprint") != fingerprint:
+            what = (f"the config differs ({'; '.join(diff)})" if diff else
+                    f"the inputs differ (fingerprint {ck.get('fingerprint')!r} in the checkpoint, {fingerprint!r} now)")
+            raise ResumeRefused(f"{resumed_from} was written by another run: {what}. To start over, delete "
+                                f"{ckdir} (and {log_path}) or pass restart; to resume, use the config it was written with")
+        model.load_state_dict(ck["model"])
+        optimizer.load_state_dict(ck["optimizer"])
+        if scheduler is not None and ck.get("scheduler") is not None:
+            scheduler.load_state_dict(ck["scheduler"])
+        p.update(ck["progress"])
+        if _RESTORE_RNG:
+            rng.restore(ck["rng"])
+        meters_state, log_bytes = ck.get("meters"), ck["log_bytes"]
+    size = log_path.stat().st_size if log_path.exists() else 0
+    if size < log_bytes:
+        warnings.warn(f"{log_path} holds {size} bytes, the checkpoint {resumed_from} wrote at {log_bytes}: "
+                      "its earlier lines are lost", CheckpointWarning, stacklevel=2)
+    with open(log_path, "ab") as log:
+        log.truncate(min(size, log_bytes))
+        log.seek(0, os.SEEK_END)
+        meters = _meters_from(meters_state)
+        if p["finished"]:
+            return _result(p, manager, resumed_from)
+
+        def save(best: bool = False) -> None:
+            log.flush()
+            os.fsync(log.fileno())
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                     "progress": dict(p), "rng": rng.capture(), "meters": _meters_state(meters),
+                     "log_bytes": log.tell(), "config": cfg, "fingerprint": fingerprint, "versions": _versions(),
+                     "runner": name}
+            manager.save(state, step=p["step"], best=best)
+
+        def write(line: dict) -> None:
+            log.write((json.dumps(line) + "\n").encode())
+            log.flush()
+
+        stop = {"signal": None}
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            def on_signal(signum, frame):  # only a flag: the loop saves at the next step boundary
+                stop["signal"] = signal.Signals(signum).name
+            for sig_name in INTERRUPT_SIGNALS:
+                sig = getattr(signal, sig_name, None)
+                if sig is not None:
+                    previous[sig] = signal.signal(sig, on_signal)
+        try:
+            interval, every = cfg["checkpoint"]["interval"], cfg["checkpoint"]["every_seconds"]
+            last_save = time.monotonic()
+            while not p["finished"]:
+                if (epochs is not None and p["epoch"] >= epochs) or (max_steps is not None and p["step"] >= max_steps):
+                    p["finished"] = True
+                    break
+                order = batch_order(int(cfg["seed"]), p["epoch"], len(train_keys))
+                model.train()
+                while p["batch_pos"] < n_batches and (max_steps is None or p["step"] < max_steps):
+                    window = range(p["batch_pos"], min(p["batch_pos"] + accum, n_batches))
+                    optimizer.zero_grad(set_to_none=True)
+                    step_meters = _meters_from(None)
+                    lr = optimizer.param_groups[0]["lr"]
+                    skipped = []
+                    for b in window:
+                        keys = [train_keys[i] for i in order[b * bs:(b + 1) * bs]]
+                        out = runner_cls.train_step(keys, **train_kwargs)
+                        if not isinstance(out, dict) or "loss" not in out:
+                            raise ContractError(f"{name}.train_step returned "
+                                                f"{sorted(out) if isinstance(out, dict) else type(out).__name__}: "
+                                                "it must return a dict with 'loss' (a tensor)")
+                        loss = out["loss"]
+                        if not torch.isfinite(loss.detach()).all():
+                            if cfg["skip_nonfinite"]:
+                                skipped.append(keys)
+                                continue
+                            raise NonFiniteLoss(f"{name}.train_step: loss {loss.detach().tolist()} at step "
+                                                f"{p['step'] + 1} (epoch {p['epoch']}, batch {b}) on keys {keys}; "
+                                                "set skip_nonfinite to skip such batches")
+                        (loss / len(window)).backward()
+                        values = {k: (v.detach() if hasattr(v, "detach") else v) for k, v in out.items()}
+                        meters.update(values, n=len(keys))
+                        step_meters.update(values, n=len(keys))
+                    if cfg["clip_grad_norm"] is not None:
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip_grad_norm"])
+                    if len(skipped) < len(window):
+                        optimizer.step()
+                    if scheduler is not None:
+                        scheduler.step()
+                    p["step"] += 1
+                    p["batch_pos"] = window.stop
+                    line = {"step": p["step"], "epoch": p["epoch"], "lr": lr}
+                    line.update({k: _json_value(v) for k, v in step_meters.avg.items()})
+                    if skipped:
+                        line["skipped_nonfinite"] = skipped
+                    write(line)
+                    now = time.monotonic()
+                    if (stop["signal"] or (interval and p["step"] % interval == 0)
+                            or (every is not None and now - last_save >= every)):
+                        save()
+                        last_save = now
+                    if stop["signal"]:
+                        raise TrainingInterrupted(
+                            f"{stop['signal']}: stopped at step {p['step']} (epoch {p['epoch']}, batch "
+                            f"{p['batch_pos']}), checkpoint {manager.latest}; rerun to resume",
+                            signal_name=stop["signal"], step=p["step"], checkpoint=manager.latest)
+                if p["batch_pos"] < n_batches:  # max_steps reached inside an epoch
+                    p["finished"] = True
+                    break
+                best = _end_epoch(runner_cls, name, p, cfg, score, meters, valid_keys, eval_kwargs, bs, model, write)
+                meters = _meters_from(None)
+                save(best=best)
+                last_save = time.monotonic()
+                if stop["signal"] and not p["finished"]:  # a signal during evaluation
+                    raise TrainingInterrupted(
+                        f"{stop['signal']}: stopped after epoch {p['epoch'] - 1} (step {p['step']}), checkpoint "
+                        f"{manager.latest}; rerun to resume", signal_name=stop["signal"], step=p["step"],
+                        checkpoint=manager.latest)
+            save()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    return _result(p, manager, resumed_from)
+
+
+def _end_epoch(runner_cls, name, p, cfg, score, meters, valid_keys, eval_kwargs, bs, model, write) -> bool:
+    """Evaluate, log the epoch, update best score and patience, move to the next epoch; True if it is the best."""
+    import torch
+
+    valid = None
+    if valid_keys:
+        valid = _meters_from(None)
+        model.eval()
+        with torch.no_grad():
+            for start in range(0, len(valid_keys), bs):
+                keys = valid_keys[start:start + bs]
+                out = runner_cls.evaluate_step(keys, **eval_kwargs)
+                if not isinstance(out, dict):
+                    raise ContractError(f"{name}.evaluate_step returned a {type(out).__name__}; a dict of meter values")
+                valid.update(out, n=len(keys))
+        model.train()
+    line = {"epoch": p["epoch"], "step": p["step"], "train": {k: _json_value(v) for k, v in meters.avg.items()}}
+    if valid is not None:
+        line["valid"] = {k: _json_value(v) for k, v in valid.avg.items()}
+    best = False
+    if score is not None:
+        source = valid if valid is not None else meters
+        if score["name"] not in source:
+            raise ContractError(f"score {score['name']!r} is no meter of {name}."
+                                f"{'evaluate_step' if valid is not None else 'train_step'}: it gave {sorted(source)}")
+        value = float(source[score["name"]].avg)
+        old = p["best_score"]
+        if old is None or (value > old if score["mode"] == "max" else value < old):
+            p["best_score"], p["best_epoch"], p["bad_epochs"], best = value, p["epoch"], 0, True
+        else:
+            p["bad_epochs"] += 1
+        line["score"] = value
+        if score["patience"] is not None and p["bad_epochs"] >= score["patience"]:
+            p["stopped_early"] = p["finished"] = True
+    write(line)
+    p["epoch"] += 1
+    p["batch_pos"] = 0
+    return best
+
+
+def _result(p: dict, manager: CheckpointManager, resumed_from) -> TrainResult:
+    return TrainResult(step=p["step"], epoch=p["epoch"], stopped_early=p["stopped_early"],
+                       best_score=p["best_score"], best_epoch=p["best_epoch"], checkpoint=manager.latest,
+                       resumed_from=resumed_from)
