@@ -155,3 +155,133 @@ def test_corrupted_latest_falls_back_to_history(tmp_path, reference):
     assert json.loads(done.stdout)["resumed_from"] == str(history[-2])
     assert not leftover.exists()
     assert_same_result(tmp_path, reference(), "after a corrupted latest.pt")
+
+
+# -- in-process: config refusal, early stopping, contract errors, the schedule --
+
+def _toy(lr=0.01):
+    from train_toy import ToyProvider
+
+    env = ToyProvider({"threads": 1, "lr": lr}).build_env_local()
+    return env, env.pop("train_keys"), env.pop("valid_keys")
+
+
+SMALL = {"epochs": 1, "batch_size": 32, "seed": 3}
+
+
+def test_changed_config_is_refused_naming_the_key_and_restart_starts_clean(tmp_path):
+    from snakeshard.train import ResumeRefused, train
+    from train_toy import ToyRunner
+
+    env, tk, vk = _toy()
+    train(ToyRunner, env, tk[:64], vk, SMALL, tmp_path, fingerprint="a")
+    env, tk, vk = _toy()
+    with pytest.raises(ResumeRefused) as refused:
+        train(ToyRunner, env, tk[:64], vk, {**SMALL, "batch_size": 16}, tmp_path, fingerprint="a")
+    message = str(refused.value)
+    assert "batch_size: 32 -> 16" in message and "restart" in message and str(tmp_path / "checkpoints") in message
+    with pytest.raises(ResumeRefused, match="the inputs differ .*'a'.*'b'"):
+        train(ToyRunner, env, tk[:64], vk, SMALL, tmp_path, fingerprint="b")
+    # a checkpoint section change (cadence) changes no result: resumes (the run is finished: nothing to do)
+    assert train(ToyRunner, env, tk[:64], vk, {**SMALL, "checkpoint": {"interval": 1}}, tmp_path,
+                 fingerprint="a").resumed_from is not None
+    result = train(ToyRunner, env, tk[:64], vk, {**SMALL, "batch_size": 16}, tmp_path, fingerprint="a", restart=True)
+    assert result.resumed_from is None and result.step == 4
+    ck = torch.load(tmp_path / "checkpoints" / "latest.pt", weights_only=False)
+    assert ck["config"]["batch_size"] == 16 and ck["fingerprint"] == "a"
+    assert [json.loads(line)["step"] for line in (tmp_path / "steps.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 4]
+
+
+def test_early_stopping_with_patience_and_best_pt(tmp_path):
+    from snakeshard.train import TorchRunner, train
+
+    scores = [0.5, 0.7, 0.6, 0.65, 0.9, 0.95]  # best at epoch 1; epochs 2 and 3 worse: patience 2 stops after 3
+    snapshots = []
+
+    class Scripted(TorchRunner):
+        @staticmethod
+        def train_step(batch, *, model, table):
+            x = torch.stack([table[k][0] for k in batch])
+            return {"loss": model(x).pow(2).mean()}
+
+        @staticmethod
+        def evaluate_step(batch, *, model):
+            snapshots.append({k: v.clone() for k, v in model.state_dict().items()})
+            return {"acc": scores[len(snapshots) - 1]}
+
+    env, tk, vk = _toy()
+    result = train(Scripted, env, tk[:64], vk[:4], {"epochs": 6, "batch_size": 64, "score":
+                   {"name": "acc", "mode": "max", "patience": 2}}, tmp_path)
+    assert (result.epoch, result.stopped_early, result.best_epoch, result.best_score) == (4, True, 1, 0.7)
+    assert len(snapshots) == 4
+    best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=False)
+    assert best["progress"]["best_epoch"] == 1
+    assert all(torch.equal(best["model"][k], snapshots[1][k]) for k in snapshots[1])
+    assert not all(torch.equal(best["model"][k], snapshots[3][k]) for k in snapshots[3])
+    # a rerun of the finished run trains nothing more
+    again = train(Scripted, env, tk[:64], vk[:4], {"epochs": 6, "batch_size": 64, "score":
+                  {"name": "acc", "mode": "max", "patience": 2}}, tmp_path)
+    assert again.step == result.step and len(snapshots) == 4
+
+
+def test_contract_errors_name_the_runner_step_and_keys(tmp_path):
+    from snakeshard.errors import ContractError
+    from snakeshard.train import NonFiniteLoss, TorchRunner, train
+
+    class NoLoss(TorchRunner):
+        @staticmethod
+        def train_step(batch, *, model):
+            return {"acc": 1.0}
+
+    class NaNAt3(TorchRunner):
+        @staticmethod
+        def train_step(batch, *, model, table):
+            x = torch.stack([table[k][0] for k in batch])
+            loss = model(x).pow(2).mean()
+            return {"loss": loss * float("nan") if "utt0003" in batch else loss}
+
+    env, tk, vk = _toy()
+    with pytest.raises(ContractError, match=r"test_train_loop\..*NoLoss\.train_step returned \['acc'\].*'loss'"):
+        train(NoLoss, env, tk[:8], (), {"batch_size": 4}, tmp_path / "a")
+    with pytest.raises(NonFiniteLoss, match=r"NaNAt3\.train_step: loss nan at step \d+ \(epoch 0, batch \d+\) "
+                                            r"on keys \[.*'utt0003'.*\]"):
+        train(NaNAt3, env, tk[:8], (), {"batch_size": 4}, tmp_path / "b")
+    result = train(NaNAt3, env, tk[:8], (), {"batch_size": 4, "skip_nonfinite": True}, tmp_path / "c")
+    assert result.step == 2
+    assert "utt0003" in (tmp_path / "c" / "steps.jsonl").read_text()
+
+
+def test_schedule_semantics():
+    from snakeshard.train.schedule import lr_lambda, make_scheduler
+
+    f = lr_lambda(1.0, 100, strategy="linear", final_lr_ratio=0.01, warmup_steps=10, cooldown_steps=0)
+    assert f(0) == pytest.approx(1e-9) and f(5) == pytest.approx(0.5 * 0.01 ** 0.05)
+    assert f(100) == pytest.approx(0.01) and f(50) == pytest.approx(0.1)  # percentile: geometric
+    g = lr_lambda(1.0, 100, strategy="cosine", final_lr=0.0, warmup_steps=0, cooldown_steps=0)
+    assert g(50) == pytest.approx(0.5) and g(100) == pytest.approx(1e-9)  # numerical: linear in the ratio
+    c = lr_lambda(2.0, 100, strategy="constant", warmup_steps=0, cooldown_steps=20)
+    assert c(10) == 1.0 and c(90) == pytest.approx(0.5)
+    d = lr_lambda(1.0, 100)  # DanLing's defaults: 5% warmup, 20% cooldown
+    assert d(4) < d(5) and d(81) < d(80)
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = make_scheduler(opt, 10, strategy="linear", warmup_steps=0, cooldown_steps=0)
+    for _ in range(5):
+        opt.step()
+        sched.step()
+    state = sched.state_dict()
+    opt2 = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched2 = make_scheduler(opt2, 10, strategy="linear", warmup_steps=0, cooldown_steps=0)
+    sched2.load_state_dict(state)
+    assert sched2.last_epoch == 5 and sched2.get_last_lr() == sched.get_last_lr()
+
+
+def test_user_scheduler_state_is_checkpointed(tmp_path):
+    from snakeshard.train import train
+    from train_toy import ToyRunner
+
+    env, tk, vk = _toy()
+    env["scheduler"] = torch.optim.lr_scheduler.StepLR(env["optimizer"], step_size=1, gamma=0.5)
+    train(ToyRunner, env, tk[:64], (), {"batch_size": 16, "epochs": 1}, tmp_path)
+    ck = torch.load(tmp_path / "checkpoints" / "latest.pt", weights_only=False)
+    assert ck["scheduler"]["last_epoch"] == 4 and ck["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.01 / 16)
