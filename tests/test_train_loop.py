@@ -47,8 +47,12 @@ def last_step(run_dir) -> int:
         lines = (Path(run_dir) / "steps.jsonl").read_text().splitlines()
     except FileNotFoundError:
         return 0
-    steps = [json.loads(line)["step"] for line in lines if line.endswith("}")]
-    return steps[-1] if steps else 0
+    for line in reversed(lines):
+        try:
+            return json.loads(line)["step"]
+        except ValueError:  # a line being written
+            continue
+    return 0
 
 
 def interrupt_at(run_dir, step: int, sig, *extra) -> subprocess.CompletedProcess:
