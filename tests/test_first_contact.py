@@ -250,6 +250,33 @@ def test_broken_stage_fails_in_its_canary_and_no_shard_job_starts(toy_workdir, r
     assert "results/upper/logs/canary.log" in run.stderr  # snakemake points at the one log to read
 
 
+def test_status_shows_a_failed_canary_with_its_error_line_and_log(toy_workdir):
+    """`snakeshard status` after a failed canary (local, `--config canary=2`): one line under the stage with the
+    log's path and its error line (before: `split.N pending` and `merged: no`, the cause only in the log). Not
+    shown for the log of an earlier fingerprint (the stage fixed, not rerun yet) nor once the canary is done."""
+    (toy_workdir / "broken.py").write_text(MISSING_ENV)
+    set_stage(toy_workdir, runner="broken.Runner", provider="broken.Provider")
+    assert "canary:" not in run_cli(toy_workdir, "status").stdout  # not run yet
+    run = run_snakemake(toy_workdir, "--config", "canary=2")
+    assert run.returncode != 0 and executed(run, r"\w+") == ["canary_upper"]
+    status = run_cli(toy_workdir, "status")
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    assert lines[:2] == [
+        "stage upper, dataset toy: 4 shards",
+        "  canary: failed (log results/upper/logs/canary.log): snakeshard: error: canary of stage 'upper' failed, so "
+        "none of its shard jobs was started; fix the stage, then rerun: broken.Runner.forward needs env key "
+        "'tokenizer', but the provider gave only ['model']"], status.stdout
+    assert lines[2].split()[:2] == ["split.0", "pending"] and lines[-2:] == ["  merged: no", "summary: 4 pending"]
+
+    (toy_workdir / "broken.py").write_text(MISSING_ENV.replace('{"model": "m"}', '{"model": "m", "tokenizer": "t"}'))
+    assert "canary:" not in run_cli(toy_workdir, "status").stdout  # the log is the old fingerprint's canary's
+    fixed = run_snakemake(toy_workdir, "--config", "canary=2")
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    status = run_cli(toy_workdir, "status").stdout
+    assert "canary:" not in status and "summary: 4 done" in status, status
+
+
 def test_provider_failing_to_build_fails_the_canary_naming_the_error(toy_workdir):
     """A provider that raises while building its env: the canary fails with the provider's error, no shard starts."""
     (toy_workdir / "broken.py").write_text(MISSING_ENV)

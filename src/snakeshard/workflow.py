@@ -633,7 +633,7 @@ class Workflow:
         canary_dir = f"{self.out}/{stage}/{CANARY_DIR}/{stage_fp}"
         write_if_changed(f"{canary_dir}/{KEYS_FILE}", keys_text(keys))
         return {"dir": canary_dir, "items": len(keys), "spec": f"{base}/spec.json", "fingerprint": stage_fp,
-                "upstream": self.upstream_merged(stage, ds)}
+                "upstream": self.upstream_merged(stage, ds), "log": f"{self.out}/{stage}/logs/canary.log"}
 
     def shard_inputs_arg(self, stage: str, dataset: str, shard: int) -> str:
         """The shard job's ``--inputs``: the text its fingerprint digests (see fingerprint.shard_inputs_text)."""

@@ -30,7 +30,7 @@ for _stage, _canary in WF.canaries.items():
         output:
             done=f"{_canary['dir']}/done",
         log:
-            f"{WF.out}/{_stage}/logs/canary.log",
+            _canary["log"],
         params:
             spec=_canary["spec"],
             shard_dir=_canary["dir"],
