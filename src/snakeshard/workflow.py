@@ -305,12 +305,29 @@ def runner_literal(path: str, name: str, where: str):
 def check_runner_source(path: str, where: str, origin: str, tree) -> None:
     """Contract mistakes visible in the runner's source ``tree`` (parsed by ``check_import_path``).
 
-    A ``forward`` without ``@staticmethod`` would fail in every shard job (they call it on the class).
-    Only a ``forward`` defined in the class itself is checked; inherited ones are checked in the job.
+    A ``forward`` without ``@staticmethod`` would fail in every shard job (they call it on the class), and so
+    would a hook that cannot take the call the workflow makes (contract.ENV_HOOKS, CLASS_HOOKS): ESPnet3's
+    ``close_writers(writers)``, a ``merge(self, shard_dirs)`` written as an instance method.
+    Only a ``forward`` or hook defined in the class itself is checked; inherited ones are checked in the job.
     """
     import ast
 
+    from snakeshard.contract import CLASS_HOOKS, ENV_HOOKS, hook_signature
+
     for item in _class_body(tree, path):
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in {**ENV_HOOKS, **CLASS_HOOKS}:
+            problem = _hook_problem(item)
+            if problem:
+                hook = item.name
+                if hook in ENV_HOOKS:
+                    caller = (f"shard jobs call it on the class as {hook}({', '.join([*ENV_HOOKS[hook], '**env'])}), "
+                              "with every env entry by name")
+                else:
+                    caller = f"the {hook} rule calls it on the class as {hook}({', '.join(CLASS_HOOKS[hook])})"
+                decorators = "".join(f"@{ast.unparse(d)} " for d in item.decorator_list)
+                raise ConfigError(f"{where}: {path}.{hook} ({origin}:{item.lineno}) is defined as {decorators}{hook}("
+                                  f"{ast.unparse(item.args)}), but {caller}, and {problem}: define it as "
+                                  f"{hook_signature(hook)}")
         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "forward":
             decorators = {d.id for d in item.decorator_list if isinstance(d, ast.Name)}
             decorators |= {d.attr for d in item.decorator_list if isinstance(d, ast.Attribute)}
@@ -321,6 +338,53 @@ def check_runner_source(path: str, where: str, origin: str, tree) -> None:
             if not (args.posonlyargs or args.args):
                 raise ConfigError(f"{where}: {path}.forward ({origin}:{item.lineno}) must take the key (or a "
                                   "batch of keys) as its first positional parameter")
+
+
+def _hook_problem(item) -> str | None:
+    """Why the hook ``item`` (a ``def`` in a runner's class body) cannot take the call the workflow makes, or None.
+
+    The env hooks are @staticmethods (a @classmethod whose parameters after ``cls`` fit works too) taking the
+    positional arguments the call passes (contract.ENV_HOOKS) and the env by name: ``**env``, or env names
+    (keyword-only parameters; a positional one after those needs a default, or ``(self, writers, state)`` would
+    pass as ``(writers, state)``). ``merge`` and ``report`` are @classmethods (or @staticmethods)
+    taking their positional arguments, and nothing without a default besides. A hook with another decorator too
+    is left to the job: the decorator may change its signature.
+    """
+    import ast
+
+    from snakeshard.contract import CLASS_HOOKS, ENV_HOOKS
+
+    hook = item.name
+    env = hook in ENV_HOOKS
+    kinds = {d.id if isinstance(d, ast.Name) else d.attr if isinstance(d, ast.Attribute) else None
+             for d in item.decorator_list}
+    if "staticmethod" not in kinds and "classmethod" not in kinds:
+        return f"it is not a @{'staticmethod' if env else 'classmethod'}"
+    if len(item.decorator_list) > 1:
+        return None
+    given = ENV_HOOKS[hook] if env else CLASS_HOOKS[hook]
+    args = item.args
+    positional = [*args.posonlyargs, *args.args]
+    defaults = {p.arg for p in positional[len(positional) - len(args.defaults):]} if args.defaults else set()
+    if "classmethod" in kinds:
+        if not positional and not args.vararg:
+            return "it takes no parameter for the class (cls)"
+        positional = positional[1:]
+    if len(positional) < len(given) and not args.vararg:
+        return (f"it takes {len(positional)} positional parameter{'s' if len(positional) != 1 else ''} where the call "
+                f"passes {len(given)}")
+    extra = positional[len(given):]
+    for param in extra:
+        if param.arg not in defaults:  # (self, writers, state) would take the call's writers for self
+            return (f"its parameter {param.arg!r}, after the {len(given)} the call passes, has no default"
+                    + (" (an env name there must be keyword-only: after *)" if env else ""))
+    if not env:
+        missing = [k.arg for k, default in zip(args.kwonlyargs, args.kw_defaults) if default is None]
+        if missing:
+            return f"its keyword-only parameter {missing[0]!r} has no default, and the call gives it no value"
+    elif not (args.kwarg or extra or args.kwonlyargs):  # (writers, state) alone: any env entry is one too many
+        return "it takes no **env (nor any env name), so the first env entry fails the call"
+    return None
 
 
 def _class_body(tree, path: str) -> list:
