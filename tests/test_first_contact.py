@@ -250,6 +250,20 @@ def test_broken_stage_fails_in_its_canary_and_no_shard_job_starts(toy_workdir, r
     assert "results/upper/logs/canary.log" in run.stderr  # snakemake points at the one log to read
 
 
+@pytest.mark.parametrize("args", [(), ("--config", "output_dir=results")], ids=["plain", "other-config"])
+def test_canary_is_on_by_default_so_a_wrong_env_name_fails_once_locally(toy_workdir, args):
+    """The local profile, no canary in the config: a provider lacking an env name fails the canary alone, not
+    each of the 4 shard jobs (before: canary off by default, 4 identical failures). A `--config` on the command
+    line (it replaces a profile's `config:` list) leaves it on: the default is the workflow's, not a profile's."""
+    (toy_workdir / "broken.py").write_text(MISSING_ENV)
+    set_stage(toy_workdir, runner="broken.Runner", provider="broken.Provider")
+    run = run_snakemake(toy_workdir, *args)
+    assert run.returncode != 0
+    assert executed(run, r"\w+") == ["canary_upper"]
+    assert "needs env key 'tokenizer'" in (toy_workdir / "results/upper/logs/canary.log").read_text()
+    assert not list((toy_workdir / TOY).glob("logs/split.*.log"))
+
+
 def test_status_shows_a_failed_canary_with_its_error_line_and_log(toy_workdir):
     """`snakeshard status` after a failed canary (local, `--config canary=2`): one line under the stage with the
     log's path and its error line (before: `split.N pending` and `merged: no`, the cause only in the log). Not
@@ -318,8 +332,8 @@ def test_canary_runs_first_and_toggling_it_reruns_nothing(toy_workdir):
 
 
 def test_canary_off_builds_nothing(toy_workdir):
-    """With canary: 0 (the default) the canary job writes its done without importing the provider's model."""
-    set_stage(toy_workdir, provider_config={"allocate_mb": 1})
+    """With canary: 0 the canary job writes its done without importing the provider's model."""
+    set_stage(toy_workdir, provider_config={"allocate_mb": 1}, canary=0)
     run = run_snakemake(toy_workdir)
     assert run.returncode == 0
     done, = (toy_workdir / "results/upper/_canary").glob("*/done")

@@ -26,6 +26,11 @@ from snakeshard.writers import check_outputs_config
 
 # The canary's shard dir, beside the stage's dataset dirs (dataset names cannot start with "_").
 CANARY_DIR = "_canary"
+# Keys of a stage's canary unless the config says otherwise, whatever the executor: a stage that cannot run (a
+# provider lacking an env name forward asks for) then fails once, not in every shard job. A default here, not in a
+# profile's `config:` list, which a `--config` on the command line replaces and a project's profile may lack.
+# Its cost is small: the canary job runs with the canary off too (it then only writes its done).
+DEFAULT_CANARY = 2
 DEFAULT_RESOURCES = {"mem_mb": 2000, "runtime": 60, "cpus_per_task": 1}
 # Resources handed to the executor as they are (snakemake-executor-plugin-slurm names); unset ones are omitted.
 SLURM_PASSTHROUGH = ("slurm_partition", "slurm_account", "constraint", "slurm_extra", "gpu", "gres")
@@ -556,8 +561,9 @@ def run_spec(config: dict, stage: str, dataset: str) -> dict:
 
 
 def canary_items(config: dict, stage: str) -> int:
-    """Keys the stage's canary job runs before its shard jobs: ``stages.<stage>.canary``, else the top-level ``canary``."""
-    return int(config["stages"][stage].get("canary", config.get("canary", 0)))
+    """Keys the stage's canary job runs before its shard jobs: ``stages.<stage>.canary``, else the top-level ``canary``,
+    else ``DEFAULT_CANARY``."""
+    return int(config["stages"][stage].get("canary", config.get("canary", DEFAULT_CANARY)))
 
 
 def stage_resources(config: dict, stage: str) -> dict:
