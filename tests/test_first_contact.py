@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import signal
 import stat
 import subprocess
 import sys
@@ -16,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import keep_only_stage, make_kaldi_dir, read_config, run_cli, run_snakemake, write_config
+from conftest import (keep_only_stage, make_kaldi_dir, read_config, run_cli, run_snakemake, shard_process, wait_for,
+                      write_config)
 
 TOY = Path("results/upper/toy")
 CONSOLE_SCRIPT = str(Path(sys.executable).parent / "snakeshard")
@@ -127,6 +130,74 @@ def test_deleted_done_after_merge_status_says_current_and_target_redoes_it(toy_w
     assert executed(remerge, "merge") == ["merge"]
     assert (toy_workdir / TOY / "text").read_bytes() == merged
     assert "summary: 4 done" in run_cli(toy_workdir, "status").stdout
+
+
+# -- a dead driver's lock: said so, with the command that clears it --
+
+LOCK_NOTE = ("snakeshard: .snakemake/locks holds a lock from an earlier snakemake run, and no snakemake runs in this "
+             "directory on this machine (a driver killed with kill -9 leaves its lock). If snakemake stops below with a "
+             "LockException and none runs here on another machine either, clear the lock, then run again:")
+UNLOCK = "    snakemake --profile config/profiles/local --unlock"
+
+
+def test_lock_of_a_killed_driver_is_named_with_the_command_that_clears_it(toy_workdir):
+    """A run beside a live driver stops on Snakemake's LockException alone; after kill -9 of the driver, the next
+    run (plain, and wrapped in `timeout`, its parent) prints that no snakemake runs here and the unlock command,
+    before Snakemake's LockException (before: the LockException alone). The printed command clears it."""
+    set_stage(toy_workdir, provider_config={"item_delay": 0.3})
+    driver = subprocess.Popen([sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2"],
+                              cwd=toy_workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: shard_process(toy_workdir, 0), 60, "shard 0 to start")
+        beside = run_snakemake(toy_workdir)  # the lock is the live driver's
+        assert beside.returncode != 0 and "LockException" in beside.stderr
+        assert "snakeshard: .snakemake/locks" not in beside.stderr
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+
+    for wrapper in ([], ["timeout", "120"]):
+        locked = subprocess.run([*wrapper, sys.executable, "-m", "snakemake", "--profile", "config/profiles/local",
+                                 "--cores", "2"], cwd=toy_workdir, capture_output=True, text=True, timeout=300)
+        assert locked.returncode != 0
+        lines = locked.stderr.splitlines()
+        assert lines[lines.index(LOCK_NOTE) + 1] == UNLOCK, locked.stderr
+        assert locked.stderr.index(UNLOCK) < locked.stderr.index("Error: Directory cannot be locked")
+
+    unlock = subprocess.run([sys.executable, "-m", *shlex.split(UNLOCK)], cwd=toy_workdir, capture_output=True,
+                            text=True, timeout=300)
+    assert unlock.returncode == 0, unlock.stderr[-2000:]
+    assert LOCK_NOTE not in unlock.stderr  # the unlocking run itself says nothing of it
+    rerun = run_snakemake(toy_workdir)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert LOCK_NOTE not in rerun.stderr
+    assert (toy_workdir / TOY / "merged.json").is_file()
+    wait_for(lambda: not any(shard_process(toy_workdir, n) for n in range(4)), 60, "orphaned shards to end")
+
+
+def test_lock_note_names_the_runs_profile_and_says_nothing_beside_a_live_snakemake(tmp_path, monkeypatch):
+    """The note in-process: the profile as the run was given it (quoted for the shell), else $SNAKEMAKE_PROFILE,
+    else none; nothing without lock files, for an --unlock run, or while a snakemake process has the directory as
+    its working directory (here a stand-in whose command line is `python -c ... -m snakemake`)."""
+    from snakeshard.workflow import stale_lock_note
+
+    monkeypatch.delenv("SNAKEMAKE_PROFILE", raising=False)
+    assert stale_lock_note(str(tmp_path), [], os.getpid()) is None  # no .snakemake/locks
+    (tmp_path / ".snakemake/locks").mkdir(parents=True)
+    (tmp_path / ".snakemake/locks/0.input.lock").write_text("results/upper/toy/merged.json\n")
+    note = stale_lock_note(str(tmp_path), ["--profile=profiles/my slurm", "-n"], os.getpid())
+    assert note.splitlines() == [LOCK_NOTE, "    snakemake --profile 'profiles/my slurm' --unlock"]
+    assert stale_lock_note(str(tmp_path), [], os.getpid()).splitlines()[1] == "    snakemake --unlock"
+    monkeypatch.setenv("SNAKEMAKE_PROFILE", "slurm")
+    assert stale_lock_note(str(tmp_path), [], os.getpid()).splitlines()[1] == "    snakemake --profile slurm --unlock"
+    assert stale_lock_note(str(tmp_path), ["--profile", "x", "--unlock"], os.getpid()) is None
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "snakemake"], cwd=tmp_path)
+    try:
+        assert stale_lock_note(str(tmp_path), [], os.getpid()) is None
+    finally:
+        live.kill()
+        live.wait()
+    assert stale_lock_note(str(tmp_path), [], os.getpid()) is not None
 
 
 # -- merged scp files work from any directory --
