@@ -12,7 +12,8 @@ cycling through the 10 demo wavs (16 kHz, 3.4 s on average).
     ``sharding: {num_shards: 2 or 8}``, `snakemake --profile config/profiles/local --cores 2` from a clean
     state (parse, plan, canary, shard jobs, merge), everything included. ``--canary N`` sets the config's
     top-level ``canary`` (a job decoding the first N keys before the shard jobs start: a decoder load and
-    N decodes on the critical path); without it the local profile's default holds (0: no canary work).
+    N decodes on the critical path); without it the workflow's default holds (2 keys since the canary went on by
+    default; 0, no canary work, in the runs RESULTS.md recorded before).
 Rounds interleave the cases; each case's text is compared with the loop's, key by key (any difference is
 printed: decoding must not depend on the shard layout). Reports median wall and the ratio to the loop.
 

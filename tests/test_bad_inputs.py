@@ -218,7 +218,8 @@ def test_missing_runner_class_fails_at_parse_naming_class_and_key(toy):
 def test_runner_class_missing_at_job_time_fails_the_shard_naming_it(toy):
     """A module that binds names dynamically (star import) passes the parse check; the job then names the class and key."""
     (toy / "dyn.py").write_text("from toy import *\n")
-    set_stage(toy, runner="dyn.NoSuchRunner", provider="toy.ToyProvider")
+    # canary 0: each shard job's own line (with the canary on, by default, its one job fails with it instead)
+    set_stage(toy, runner="dyn.NoSuchRunner", provider="toy.ToyProvider", canary=0)
     proc = run_snakemake(toy)
     assert proc.returncode != 0
     set_dir = toy / "results/upper/toy"
@@ -283,6 +284,7 @@ def test_module_failing_to_import_fails_each_shard_with_one_line_naming_key_and_
     """Every shard job ends in one error line naming the config key, where the import failed and the
     missing package (its traceback above it in the log); nothing merges."""
     line = broken_import_chain(toy)
+    set_stage(toy, canary=0)  # each shard job's own line (the canary's: the next test)
     assert run_snakemake(toy, "-n").returncode == 0
     proc = run_snakemake(toy)
     assert proc.returncode != 0

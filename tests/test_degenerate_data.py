@@ -176,7 +176,15 @@ def test_non_utf8_wav_scp_names_file_line_and_column(project):
     assert proc.returncode == 1 and "data/six/wav.scp:5: not UTF-8" in proc.stderr
 
 
+def canary_off(wd: Path) -> None:
+    """`canary: 0`: a bad first key (k0, one of the canary's) is then shard 0's error, not the canary's."""
+    config = read_config(wd)
+    config["canary"] = 0
+    write_config(wd, config)
+
+
 def test_failing_pipe_error_carries_the_pipes_own_stderr(project):
+    canary_off(project)
     scp = project / "data/six/wav.scp"
     scp.write_text(scp.read_text().replace("k0 data/six/wav/k0.wav",
                                            "k0 sox data/six/wav/missing.wav -t wav - 2>&1 >/dev/null | cat >&2; "
@@ -186,6 +194,7 @@ def test_failing_pipe_error_carries_the_pipes_own_stderr(project):
 
 
 def test_pipe_writing_nothing_is_refused(project):
+    canary_off(project)
     scp = project / "data/six/wav.scp"
     scp.write_text(scp.read_text().replace("k0 data/six/wav/k0.wav", "k0 true |"))
     fails_with(project, "shard 0", "audio pipe 'true' wrote no bytes")
@@ -202,7 +211,9 @@ class Provider(EnvironmentProvider):
 
 
 def test_provider_build_failure_gives_a_shard_error_line_in_snakemakes_output(project):
-    """Before: a raw traceback in the log and no `snakeshard: error: shard N` line anywhere."""
+    """Before: a raw traceback in the log and no `snakeshard: error: shard N` line anywhere. (With the canary on, the
+    canary's line: tests/test_first_contact.py.)"""
+    canary_off(project)
     (project / "broken.py").write_text(BROKEN_PROVIDER)
     config = read_config(project)
     config["stages"]["energy"]["provider"] = "broken.Provider"

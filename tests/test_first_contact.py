@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import signal
 import stat
 import subprocess
 import sys
@@ -16,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import keep_only_stage, make_kaldi_dir, read_config, run_cli, run_snakemake, write_config
+from conftest import (keep_only_stage, make_kaldi_dir, read_config, run_cli, run_snakemake, shard_process, wait_for,
+                      write_config)
 
 TOY = Path("results/upper/toy")
 CONSOLE_SCRIPT = str(Path(sys.executable).parent / "snakeshard")
@@ -127,6 +130,74 @@ def test_deleted_done_after_merge_status_says_current_and_target_redoes_it(toy_w
     assert executed(remerge, "merge") == ["merge"]
     assert (toy_workdir / TOY / "text").read_bytes() == merged
     assert "summary: 4 done" in run_cli(toy_workdir, "status").stdout
+
+
+# -- a dead driver's lock: said so, with the command that clears it --
+
+LOCK_NOTE = ("snakeshard: .snakemake/locks holds a lock from an earlier snakemake run, and no snakemake runs in this "
+             "directory on this machine (a driver killed with kill -9 leaves its lock). If snakemake stops below with a "
+             "LockException and none runs here on another machine either, clear the lock, then run again:")
+UNLOCK = "    snakemake --profile config/profiles/local --unlock"
+
+
+def test_lock_of_a_killed_driver_is_named_with_the_command_that_clears_it(toy_workdir):
+    """A run beside a live driver stops on Snakemake's LockException alone; after kill -9 of the driver, the next
+    run (plain, and wrapped in `timeout`, its parent) prints that no snakemake runs here and the unlock command,
+    before Snakemake's LockException (before: the LockException alone). The printed command clears it."""
+    set_stage(toy_workdir, provider_config={"item_delay": 0.3})
+    driver = subprocess.Popen([sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2"],
+                              cwd=toy_workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: shard_process(toy_workdir, 0), 60, "shard 0 to start")
+        beside = run_snakemake(toy_workdir)  # the lock is the live driver's
+        assert beside.returncode != 0 and "LockException" in beside.stderr
+        assert "snakeshard: .snakemake/locks" not in beside.stderr
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+
+    for wrapper in ([], ["timeout", "120"]):
+        locked = subprocess.run([*wrapper, sys.executable, "-m", "snakemake", "--profile", "config/profiles/local",
+                                 "--cores", "2"], cwd=toy_workdir, capture_output=True, text=True, timeout=300)
+        assert locked.returncode != 0
+        lines = locked.stderr.splitlines()
+        assert lines[lines.index(LOCK_NOTE) + 1] == UNLOCK, locked.stderr
+        assert locked.stderr.index(UNLOCK) < locked.stderr.index("Error: Directory cannot be locked")
+
+    unlock = subprocess.run([sys.executable, "-m", *shlex.split(UNLOCK)], cwd=toy_workdir, capture_output=True,
+                            text=True, timeout=300)
+    assert unlock.returncode == 0, unlock.stderr[-2000:]
+    assert LOCK_NOTE not in unlock.stderr  # the unlocking run itself says nothing of it
+    rerun = run_snakemake(toy_workdir)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert LOCK_NOTE not in rerun.stderr
+    assert (toy_workdir / TOY / "merged.json").is_file()
+    wait_for(lambda: not any(shard_process(toy_workdir, n) for n in range(4)), 60, "orphaned shards to end")
+
+
+def test_lock_note_names_the_runs_profile_and_says_nothing_beside_a_live_snakemake(tmp_path, monkeypatch):
+    """The note in-process: the profile as the run was given it (quoted for the shell), else $SNAKEMAKE_PROFILE,
+    else none; nothing without lock files, for an --unlock run, or while a snakemake process has the directory as
+    its working directory (here a stand-in whose command line is `python -c ... -m snakemake`)."""
+    from snakeshard.workflow import stale_lock_note
+
+    monkeypatch.delenv("SNAKEMAKE_PROFILE", raising=False)
+    assert stale_lock_note(str(tmp_path), [], os.getpid()) is None  # no .snakemake/locks
+    (tmp_path / ".snakemake/locks").mkdir(parents=True)
+    (tmp_path / ".snakemake/locks/0.input.lock").write_text("results/upper/toy/merged.json\n")
+    note = stale_lock_note(str(tmp_path), ["--profile=profiles/my slurm", "-n"], os.getpid())
+    assert note.splitlines() == [LOCK_NOTE, "    snakemake --profile 'profiles/my slurm' --unlock"]
+    assert stale_lock_note(str(tmp_path), [], os.getpid()).splitlines()[1] == "    snakemake --unlock"
+    monkeypatch.setenv("SNAKEMAKE_PROFILE", "slurm")
+    assert stale_lock_note(str(tmp_path), [], os.getpid()).splitlines()[1] == "    snakemake --profile slurm --unlock"
+    assert stale_lock_note(str(tmp_path), ["--profile", "x", "--unlock"], os.getpid()) is None
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "snakemake"], cwd=tmp_path)
+    try:
+        assert stale_lock_note(str(tmp_path), [], os.getpid()) is None
+    finally:
+        live.kill()
+        live.wait()
+    assert stale_lock_note(str(tmp_path), [], os.getpid()) is not None
 
 
 # -- merged scp files work from any directory --
@@ -250,6 +321,47 @@ def test_broken_stage_fails_in_its_canary_and_no_shard_job_starts(toy_workdir, r
     assert "results/upper/logs/canary.log" in run.stderr  # snakemake points at the one log to read
 
 
+@pytest.mark.parametrize("args", [(), ("--config", "output_dir=results")], ids=["plain", "other-config"])
+def test_canary_is_on_by_default_so_a_wrong_env_name_fails_once_locally(toy_workdir, args):
+    """The local profile, no canary in the config: a provider lacking an env name fails the canary alone, not
+    each of the 4 shard jobs (before: canary off by default, 4 identical failures). A `--config` on the command
+    line (it replaces a profile's `config:` list) leaves it on: the default is the workflow's, not a profile's."""
+    (toy_workdir / "broken.py").write_text(MISSING_ENV)
+    set_stage(toy_workdir, runner="broken.Runner", provider="broken.Provider")
+    run = run_snakemake(toy_workdir, *args)
+    assert run.returncode != 0
+    assert executed(run, r"\w+") == ["canary_upper"]
+    assert "needs env key 'tokenizer'" in (toy_workdir / "results/upper/logs/canary.log").read_text()
+    assert not list((toy_workdir / TOY).glob("logs/split.*.log"))
+
+
+def test_status_shows_a_failed_canary_with_its_error_line_and_log(toy_workdir):
+    """`snakeshard status` after a failed canary (local, `--config canary=2`): one line under the stage with the
+    log's path and its error line (before: `split.N pending` and `merged: no`, the cause only in the log). Not
+    shown for the log of an earlier fingerprint (the stage fixed, not rerun yet) nor once the canary is done."""
+    (toy_workdir / "broken.py").write_text(MISSING_ENV)
+    set_stage(toy_workdir, runner="broken.Runner", provider="broken.Provider")
+    assert "canary:" not in run_cli(toy_workdir, "status").stdout  # not run yet
+    run = run_snakemake(toy_workdir, "--config", "canary=2")
+    assert run.returncode != 0 and executed(run, r"\w+") == ["canary_upper"]
+    status = run_cli(toy_workdir, "status")
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    assert lines[:2] == [
+        "stage upper, dataset toy: 4 shards",
+        "  canary: failed (log results/upper/logs/canary.log): snakeshard: error: canary of stage 'upper' failed, so "
+        "none of its shard jobs was started; fix the stage, then rerun: broken.Runner.forward needs env key "
+        "'tokenizer', but the provider gave only ['model']"], status.stdout
+    assert lines[2].split()[:2] == ["split.0", "pending"] and lines[-2:] == ["  merged: no", "summary: 4 pending"]
+
+    (toy_workdir / "broken.py").write_text(MISSING_ENV.replace('{"model": "m"}', '{"model": "m", "tokenizer": "t"}'))
+    assert "canary:" not in run_cli(toy_workdir, "status").stdout  # the log is the old fingerprint's canary's
+    fixed = run_snakemake(toy_workdir, "--config", "canary=2")
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    status = run_cli(toy_workdir, "status").stdout
+    assert "canary:" not in status and "summary: 4 done" in status, status
+
+
 def test_provider_failing_to_build_fails_the_canary_naming_the_error(toy_workdir):
     """A provider that raises while building its env: the canary fails with the provider's error, no shard starts."""
     (toy_workdir / "broken.py").write_text(MISSING_ENV)
@@ -291,8 +403,8 @@ def test_canary_runs_first_and_toggling_it_reruns_nothing(toy_workdir):
 
 
 def test_canary_off_builds_nothing(toy_workdir):
-    """With canary: 0 (the default) the canary job writes its done without importing the provider's model."""
-    set_stage(toy_workdir, provider_config={"allocate_mb": 1})
+    """With canary: 0 the canary job writes its done without importing the provider's model."""
+    set_stage(toy_workdir, provider_config={"allocate_mb": 1}, canary=0)
     run = run_snakemake(toy_workdir)
     assert run.returncode == 0
     done, = (toy_workdir / "results/upper/_canary").glob("*/done")

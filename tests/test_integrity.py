@@ -130,8 +130,8 @@ def test_a_text_value_holding_any_line_break_fails_its_shard_naming_key_and_fiel
     """Each of the 10 shards has one key whose text value holds one of the 10 line breaks: every shard
     fails naming its key, the field and the break; nothing is merged (before: only \\n was refused, and a
     shard whose keys were written out of plan order merged a keyless line and lost a key, rc 0)."""
-    wd = project(tmp_path / "wf", **ORDERINGS[ordering])
-    set_provider_config(wd, values=BROKEN)
+    wd = project(tmp_path / "wf", canary=0, **ORDERINGS[ordering])  # each shard's own failure (a canary would stop
+    set_provider_config(wd, values=BROKEN)                          # the stage at utt001, in its first 2 keys)
     run = run_snakemake(wd)
     assert run.returncode != 0
     for n, (key, value) in enumerate(BROKEN.items()):
@@ -167,11 +167,19 @@ def test_close_writers_returning_none_still_merges_the_default_writers_fields(tm
 
 
 def test_own_writers_whose_close_writers_returns_none_fail_naming_hook_and_files(tmp_path):
-    """Writers of the runner's own that wrote a per-key file, and a close_writers returning None: the shard
-    fails naming runner, hook and file, nothing is merged."""
+    """Writers of the runner's own that wrote a per-key file, and a close_writers returning None: the stage's
+    canary (on by default) fails naming runner, hook and file, no shard job starts, nothing is merged; with the
+    canary off, each shard fails so."""
     wd = project(tmp_path / "wf", runner="OwnWritersRunner", shards=2)
     run = run_snakemake(wd)
     assert run.returncode != 0
+    log = (wd / "results/s/logs/canary.log").read_text()
+    assert "integ.OwnWritersRunner.close_writers returned None, but its writers wrote ['text'] into" in log, log
+    assert not (wd / "results/s/toy/logs").exists()
+    config = read_config(wd)
+    config["stages"]["s"]["canary"] = 0
+    write_config(wd, config)
+    assert run_snakemake(wd).returncode != 0
     log = (wd / "results/s/toy/logs/split.0.log").read_text()
     assert "integ.OwnWritersRunner.close_writers returned None, but its writers wrote ['text'] into" in log, log
     assert not (wd / "results/s/toy/merged.json").exists()
@@ -196,7 +204,7 @@ def test_names_the_shard_dir_uses_are_refused_and_a_rerun_recovers(tmp_path):
     run = run_snakemake(wd)
     assert run.returncode != 0
     assert "finalize_state wrote 'items.json', a name the plan and the shard job use" in \
-        (wd / "results/s/toy/logs/split.0.log").read_text()
+        (wd / "results/s/logs/canary.log").read_text()  # the stage's canary (on by default): no shard job ran
     config["stages"]["s"]["runner"] = "integ.ValueRunner"
     write_config(wd, config)
     run = run_snakemake(wd)

@@ -285,7 +285,8 @@ def test_item_timeout_fails_the_job_naming_the_key(tmp_path):
     assert run.returncode != 0
     assert "item 'utt000' is still running after 0.5 s (item_timeout)" in out
     assert "shard pool: 1 worker(s) on cpu, ordered, item_timeout 0.5 s" in (
-        wd / "results/upper/toy/logs/split.0.log").read_text()
+        wd / "results/upper/logs/canary.log").read_text()  # the stage's canary (on by default) runs the pool first
+    assert not (wd / "results/upper/toy/logs").exists()  # and no shard job started
 
 
 # A provider whose pool workers hang while building their env; the job's own process builds build_parent_env
@@ -316,7 +317,7 @@ def test_worker_init_timeout_fails_the_job_naming_worker_and_device(tmp_path):
     assert re.search(r"worker [01] \(cpu\) is still starting \(building its env: build_worker_setup_fn\) after 3 s "
                      r"\(worker_init_timeout\): stopping the pool", out), out[-3000:]
     assert "shard pool: 2 worker(s) on cpu, cpu, ordered, item_timeout 5 s, worker_init_timeout 3 s" in (
-        wd / "results/upper/toy/logs/split.0.log").read_text()
+        wd / "results/upper/logs/canary.log").read_text()  # the stage's canary (on by default): no shard job ran
     left = [p for p in psutil.process_iter(["cwd"]) if p.info["cwd"] == str(wd)]
     assert not left, left
 

@@ -207,6 +207,10 @@ def test_broken_stage_submits_one_canary_job_not_one_per_shard(toy_workdir):
     assert "canary of stage 'upper' failed, so none of its shard jobs was started" in log
     assert "needs env key 'tokenizer'" in log
     assert not list((toy_workdir / TOY).glob("split.*/.attempt"))
+    status = run_cli(toy_workdir, "status").stdout
+    assert status.splitlines()[1].startswith("  canary: failed (log results/upper/logs/canary.log): snakeshard: error: "
+                                             "canary of stage 'upper' failed"), status
+    assert "needs env key 'tokenizer'" in status.splitlines()[1]
 
 
 def test_driver_killed_then_its_jobs_cancelled_by_run_id_and_one_rerun_submits_each_missing_shard_once(toy_workdir):

@@ -186,12 +186,22 @@ def test_changed_provider_config_reruns_shards_and_merge_refuses_stale(toy_workd
 
 
 def test_gpu_stage_without_visible_gpu_fails_at_job_start(toy_workdir):
-    """resources.gpu: 1 on a machine whose jobs see no GPU: each shard fails at start naming the stage and the count."""
+    """resources.gpu: 1 on a machine whose jobs see no GPU: the stage's canary (on by default; it has the shard jobs'
+    resources) fails at start naming the stage and the count, and no shard job starts; with the canary off, each
+    shard job fails so."""
     config = read_config(toy_workdir)
     config["stages"]["upper"]["resources"] = {"gpu": 1}
     write_config(toy_workdir, config)
     run = run_snakemake(toy_workdir)
     assert run.returncode != 0
+    log = (toy_workdir / "results/upper/logs/canary.log").read_text()
+    assert "stages.upper.resources asks for 1 GPU(s), but this job" in log.splitlines()[-1]
+    assert "sees 0" in log and "CUDA_VISIBLE_DEVICES=" in log
+    assert not (toy_workdir / TOY / "logs").exists()
+
+    config["stages"]["upper"]["canary"] = 0
+    write_config(toy_workdir, config)
+    assert run_snakemake(toy_workdir).returncode != 0
     log = (toy_workdir / TOY / "logs/split.0.log").read_text()
     assert "snakeshard: error: stages.upper.resources asks for 1 GPU(s), but this job" in log
     assert "sees 0" in log and "CUDA_VISIBLE_DEVICES=" in log

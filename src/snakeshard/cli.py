@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from snakeshard.job import (CANARY, ERROR_PREFIX, cmd_run_shard, cmd_run_shards, main, naming_stage, read_spec,
-                            shard_id, shard_range)
+from snakeshard.job import (CANARY, ERROR_PREFIX, canary_log_head, cmd_run_shard, cmd_run_shards, main, naming_stage,
+                            read_spec, shard_id, shard_range)
 
 __all__ = ["build_parser", "main"]  # main: the `snakeshard` script (pyproject.toml); it parses job lines itself
 
@@ -127,6 +127,18 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple
     return "pending", ""
 
 
+def canary_failure(stage: str, canary: dict, log: Path) -> str | None:
+    """The error line of the stage's canary when the current fingerprint's canary has no done and its log (the
+    stage's, written by its last canary job) is that fingerprint's and ends in an error; None otherwise (canary
+    off, done, not run yet, running, or the log of an earlier fingerprint)."""
+    if Path(canary["dir"], "done").exists() or not log.is_file():
+        return None
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    if not lines or lines[0] != canary_log_head(stage, canary["fingerprint"]) or not lines[-1].startswith(ERROR_PREFIX):
+        return None
+    return lines[-1]
+
+
 def merged_line(merged: str, set_dir: Path, stage: str, removed: bool) -> str:
     """What status says of a set's merge (see merged_state)."""
     from snakeshard.merge import merged_record, moved_fix
@@ -148,11 +160,18 @@ def cmd_status(args) -> int:
 
     wf = _workflow(args)
     counts: dict[str, int] = {}
+    canaries_told: set[str] = set()
     for stage, ds in stage_sets(wf.config):  # config order, as `snakeshard plan` lists them
         plan = wf.plans[stage, ds]
         base = Path(wf.out) / stage / ds
         merged = merged_state(base, wf.inputs[stage, ds])
         print(f"stage {stage}, dataset {ds}: {shards_text(plan['num_shards'])}")
+        if stage not in canaries_told:  # the stage's canary, under the stage's first set
+            canaries_told.add(stage)
+            log = wf.canaries[stage]["log"]
+            failure = canary_failure(stage, wf.canaries[stage], Path(log))
+            if failure:
+                print(f"  canary: failed (log {log}): {failure}")
         for shard, expected in zip(plan["shards"], wf.shard_inputs[stage, ds]):
             n = shard["shard"]
             shard_dir = base / f"split.{n}"
@@ -267,7 +286,7 @@ def build_parser():
     sp.set_defaults(func=cmd_report)
 
     sp = sub.add_parser("status", help="list each shard as done, stale (with the cause), failed (with its log tail), "
-                                       "unreadable, incomplete, pending or removed, and whether the merge is current")
+                                       "unreadable, incomplete, pending or removed, a failed canary, and whether the merge is current")
     with_config(sp)
     sp.set_defaults(func=cmd_status)
 

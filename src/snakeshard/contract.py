@@ -28,6 +28,29 @@ if TYPE_CHECKING:
 # Names the shard loop passes to hooks itself; an env entry with one of these names would clash.
 RESERVED_ENV_NAMES = frozenset({"shard_dir", "writers", "result", "state"})
 
+# How each hook is called, always on the runner class: the env hooks by shard jobs (shard.py), with these
+# positional arguments and every env entry by name; merge by the merge rule (merge.merge_set) and report by
+# the report rule (cli.cmd_report), with these positional arguments only. The parse checks the hooks a
+# runner's own class body defines against them (workflow.check_runner_source).
+ENV_HOOKS = {
+    "init_state": (),
+    "open_writers": ("shard_dir",),
+    "item_length": ("key",),
+    "write_record": ("writers", "result", "state"),
+    "reduce_state": ("state", "result"),
+    "close_writers": ("writers", "state"),
+    "finalize_state": ("state", "shard_dir"),
+}
+CLASS_HOOKS = {"merge": ("shard_dirs", "output_dir"), "report": ("set_dir", "name", "path")}
+
+
+def hook_signature(hook: str) -> str:
+    """The signature a runner defines ``hook`` with, as the contract gives it (``@staticmethod close_writers(writers,
+    state, **env)``)."""
+    if hook in ENV_HOOKS:
+        return f"@staticmethod {hook}({', '.join([*ENV_HOOKS[hook], '**env'])})"
+    return f"@classmethod {hook}({', '.join(['cls', *CLASS_HOOKS[hook]])})"
+
 
 class EnvironmentProvider:
     """Builds what ``forward`` needs. Subclass and implement ``build_env_local``.
@@ -243,6 +266,32 @@ def injected_kwargs(runner_cls: type, env: dict) -> dict:
     if missing:
         raise ContractError(f"{name}.forward needs env key {missing[0]!r}, but the provider gave only {sorted(env)}")
     return {p: env[p] for p in named if p in env}
+
+
+def check_hook_env(runner_cls: type, env: dict) -> None:
+    """The env hooks ``runner_cls`` overrides take this env by name: a hook without ``**env`` names every env
+    entry and gets every name it requires. The parse checks what a hook's source shows (workflow.check_runner_source);
+    which names the env holds is known only here. Raises naming runner, hook and names, instead of the TypeError
+    its first call would raise (outside the item loop: a raw traceback in every job)."""
+    for hook, given in ENV_HOOKS.items():
+        attribute = _class_attribute(runner_cls, hook)
+        function = getattr(attribute, "__func__", attribute)  # a staticmethod's or classmethod's function
+        code = getattr(function, "__code__", None)
+        if code is None or hasattr(function, "__wrapped__") or code.co_flags & _VARKEYWORDS:
+            continue  # takes **env, or not a plain function: its call says what it takes
+        passed = len(given) + isinstance(attribute, classmethod)  # the call's positional arguments (and cls)
+        names = code.co_varnames[max(passed, code.co_posonlyargcount):code.co_argcount + code.co_kwonlyargcount]
+        defaults = set(function.__kwdefaults__ or ())
+        defaults |= set(code.co_varnames[code.co_argcount - len(function.__defaults__ or ()):code.co_argcount])
+        name = f"{runner_cls.__module__}.{runner_cls.__qualname__}.{hook}"
+        missing = [n for n in names if n not in env and n not in defaults]
+        if missing:
+            raise ContractError(f"{name} needs env key {missing[0]!r}, but the provider gave only {sorted(env)}")
+        extra = sorted(set(env) - set(names))
+        if extra:
+            raise ContractError(f"{name} takes no **env, and the env holds {extra[:5]} besides the names it takes "
+                                f"({list(names)}): shard jobs pass every env entry by name; define it as "
+                                f"{hook_signature(hook)}")
 
 
 def _class_attribute(cls: type, name: str):

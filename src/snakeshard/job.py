@@ -47,6 +47,9 @@ def _run_canary(args, spec: dict) -> int:
     from snakeshard.shard_files import read_shard_keys
 
     shard_dir = args.shard_dir
+    # The log's first line names the canary's fingerprint: `snakeshard status` reads a failure from the log
+    # only when it is the current fingerprint's (the log's path is the stage's, whatever its fingerprint).
+    print(canary_log_head(spec["stage"], args.fingerprint), file=sys.stderr, flush=True)
     try:
         if read_shard_keys(shard_dir):
             _run_shard(args, spec)
@@ -62,6 +65,11 @@ def _run_canary(args, spec: dict) -> int:
         if old.path != here and old.is_dir():
             shutil.rmtree(old.path, ignore_errors=True)
     return 0
+
+
+def canary_log_head(stage: str, fingerprint: str) -> str:
+    """The first line of a canary's log (see _run_canary)."""
+    return f"canary of stage {stage!r}, stage fingerprint {fingerprint}"
 
 
 def _run_shard(args, spec: dict) -> int:

@@ -18,7 +18,7 @@ import time
 
 from snakeshard import __version__
 from snakeshard.atomic import atomic_write_json
-from snakeshard.contract import FieldWriters, injected_kwargs, overrides
+from snakeshard.contract import FieldWriters, check_hook_env, injected_kwargs, overrides
 from snakeshard.errors import ContractError, ShardError, SnakeshardError
 from snakeshard.fingerprint import digest_bytes
 from snakeshard.fingerprint import keys_digest as digest_keys
@@ -178,6 +178,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
     """
     where = f"shard {shard_id}" + (f" (log: {log_path})" if log_path else "")
     kwargs = injected_kwargs(runner_cls, env)  # checked here too with a pool: its workers' envs are alike
+    check_hook_env(runner_cls, env)
     call = functools.partial(runner_cls.forward, **kwargs)
     collect = shard_dir is None
     started = time.time()

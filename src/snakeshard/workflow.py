@@ -26,6 +26,11 @@ from snakeshard.writers import check_outputs_config
 
 # The canary's shard dir, beside the stage's dataset dirs (dataset names cannot start with "_").
 CANARY_DIR = "_canary"
+# Keys of a stage's canary unless the config says otherwise, whatever the executor: a stage that cannot run (a
+# provider lacking an env name forward asks for) then fails once, not in every shard job. A default here, not in a
+# profile's `config:` list, which a `--config` on the command line replaces and a project's profile may lack.
+# Its cost is small: the canary job runs with the canary off too (it then only writes its done).
+DEFAULT_CANARY = 2
 DEFAULT_RESOURCES = {"mem_mb": 2000, "runtime": 60, "cpus_per_task": 1}
 # Resources handed to the executor as they are (snakemake-executor-plugin-slurm names); unset ones are omitted.
 SLURM_PASSTHROUGH = ("slurm_partition", "slurm_account", "constraint", "slurm_extra", "gpu", "gres")
@@ -305,12 +310,29 @@ def runner_literal(path: str, name: str, where: str):
 def check_runner_source(path: str, where: str, origin: str, tree) -> None:
     """Contract mistakes visible in the runner's source ``tree`` (parsed by ``check_import_path``).
 
-    A ``forward`` without ``@staticmethod`` would fail in every shard job (they call it on the class).
-    Only a ``forward`` defined in the class itself is checked; inherited ones are checked in the job.
+    A ``forward`` without ``@staticmethod`` would fail in every shard job (they call it on the class), and so
+    would a hook that cannot take the call the workflow makes (contract.ENV_HOOKS, CLASS_HOOKS): ESPnet3's
+    ``close_writers(writers)``, a ``merge(self, shard_dirs)`` written as an instance method.
+    Only a ``forward`` or hook defined in the class itself is checked; inherited ones are checked in the job.
     """
     import ast
 
+    from snakeshard.contract import CLASS_HOOKS, ENV_HOOKS, hook_signature
+
     for item in _class_body(tree, path):
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in {**ENV_HOOKS, **CLASS_HOOKS}:
+            problem = _hook_problem(item)
+            if problem:
+                hook = item.name
+                if hook in ENV_HOOKS:
+                    caller = (f"shard jobs call it on the class as {hook}({', '.join([*ENV_HOOKS[hook], '**env'])}), "
+                              "with every env entry by name")
+                else:
+                    caller = f"the {hook} rule calls it on the class as {hook}({', '.join(CLASS_HOOKS[hook])})"
+                decorators = "".join(f"@{ast.unparse(d)} " for d in item.decorator_list)
+                raise ConfigError(f"{where}: {path}.{hook} ({origin}:{item.lineno}) is defined as {decorators}{hook}("
+                                  f"{ast.unparse(item.args)}), but {caller}, and {problem}: define it as "
+                                  f"{hook_signature(hook)}")
         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "forward":
             decorators = {d.id for d in item.decorator_list if isinstance(d, ast.Name)}
             decorators |= {d.attr for d in item.decorator_list if isinstance(d, ast.Attribute)}
@@ -321,6 +343,53 @@ def check_runner_source(path: str, where: str, origin: str, tree) -> None:
             if not (args.posonlyargs or args.args):
                 raise ConfigError(f"{where}: {path}.forward ({origin}:{item.lineno}) must take the key (or a "
                                   "batch of keys) as its first positional parameter")
+
+
+def _hook_problem(item) -> str | None:
+    """Why the hook ``item`` (a ``def`` in a runner's class body) cannot take the call the workflow makes, or None.
+
+    The env hooks are @staticmethods (a @classmethod whose parameters after ``cls`` fit works too) taking the
+    positional arguments the call passes (contract.ENV_HOOKS) and the env by name: ``**env``, or env names
+    (keyword-only parameters; a positional one after those needs a default, or ``(self, writers, state)`` would
+    pass as ``(writers, state)``). ``merge`` and ``report`` are @classmethods (or @staticmethods)
+    taking their positional arguments, and nothing without a default besides. A hook with another decorator too
+    is left to the job: the decorator may change its signature.
+    """
+    import ast
+
+    from snakeshard.contract import CLASS_HOOKS, ENV_HOOKS
+
+    hook = item.name
+    env = hook in ENV_HOOKS
+    kinds = {d.id if isinstance(d, ast.Name) else d.attr if isinstance(d, ast.Attribute) else None
+             for d in item.decorator_list}
+    if "staticmethod" not in kinds and "classmethod" not in kinds:
+        return f"it is not a @{'staticmethod' if env else 'classmethod'}"
+    if len(item.decorator_list) > 1:
+        return None
+    given = ENV_HOOKS[hook] if env else CLASS_HOOKS[hook]
+    args = item.args
+    positional = [*args.posonlyargs, *args.args]
+    defaults = {p.arg for p in positional[len(positional) - len(args.defaults):]} if args.defaults else set()
+    if "classmethod" in kinds:
+        if not positional and not args.vararg:
+            return "it takes no parameter for the class (cls)"
+        positional = positional[1:]
+    if len(positional) < len(given) and not args.vararg:
+        return (f"it takes {len(positional)} positional parameter{'s' if len(positional) != 1 else ''} where the call "
+                f"passes {len(given)}")
+    extra = positional[len(given):]
+    for param in extra:
+        if param.arg not in defaults:  # (self, writers, state) would take the call's writers for self
+            return (f"its parameter {param.arg!r}, after the {len(given)} the call passes, has no default"
+                    + (" (an env name there must be keyword-only: after *)" if env else ""))
+    if not env:
+        missing = [k.arg for k, default in zip(args.kwonlyargs, args.kw_defaults) if default is None]
+        if missing:
+            return f"its keyword-only parameter {missing[0]!r} has no default, and the call gives it no value"
+    elif not (args.kwarg or extra or args.kwonlyargs):  # (writers, state) alone: any env entry is one too many
+        return "it takes no **env (nor any env name), so the first env entry fails the call"
+    return None
 
 
 def _class_body(tree, path: str) -> list:
@@ -446,6 +515,82 @@ class _AnyName:
         return True
 
 
+def stale_lock_note(directory: str, argv: list[str], pid: int) -> str | None:
+    """What to say at parse when Snakemake's lock files are in ``directory``/.snakemake/locks and no other snakemake
+    process runs in ``directory`` on this machine (the pid ``pid`` and its parents aside): the lock is most likely
+    a dead driver's (kill -9, a lost node, a power loss), and Snakemake will stop with its LockException after the
+    parse. None otherwise, or where /proc does not say (not Linux), or when ``argv`` (snakemake's own) unlocks.
+
+    Snakemake 9's lock files (``N.input.lock``, ``N.output.lock``) list the locked paths, not the process that
+    holds them, so which run left them cannot be known: only that no snakemake runs here now. A snakemake in the
+    same directory on another machine (a shared filesystem) is not seen, and the note says so.
+    """
+    locks = os.path.join(directory, ".snakemake", "locks")
+    try:
+        if "--unlock" in argv or not any(name.endswith(".lock") for name in os.listdir(locks)):
+            return None
+    except OSError:  # no lock dir
+        return None
+    others = snakemake_processes_in(directory, pid)
+    if others is None or others:
+        return None
+    import shlex
+
+    command = "snakemake" + "".join(f" --profile {shlex.quote(p)}" for p in _profile_of(argv)) + " --unlock"
+    return ("snakeshard: .snakemake/locks holds a lock from an earlier snakemake run, and no snakemake runs in this "
+            "directory on this machine (a driver killed with kill -9 leaves its lock). If snakemake stops below with a "
+            "LockException and none runs here on another machine either, clear the lock, then run again:\n"
+            f"    {command}")
+
+
+def _profile_of(argv: list[str]) -> list[str]:
+    """The --profile snakemake was given (on its command line, else $SNAKEMAKE_PROFILE), as a list of 0 or 1."""
+    for i, arg in enumerate(argv):
+        if arg == "--profile" and i + 1 < len(argv):
+            return [argv[i + 1]]
+        if arg.startswith("--profile="):
+            return [arg.partition("=")[2]]
+    return [os.environ["SNAKEMAKE_PROFILE"]] if os.environ.get("SNAKEMAKE_PROFILE") else []
+
+
+def snakemake_processes_in(directory: str, pid: int) -> list[int] | None:
+    """The pids of snakemake processes whose working directory is ``directory``, but ``pid`` and its ancestors (a
+    ``timeout`` or shell wrapping it); None where /proc cannot tell (not Linux). Read from /proc/*/cwd and cmdline."""
+    if not os.path.isdir("/proc/self"):
+        return None
+    own = set()
+    while pid > 1 and pid not in own:  # pid and its ancestors
+        own.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])  # the field after the state: the parent's pid
+        except (OSError, ValueError, IndexError):
+            break
+    target = os.path.realpath(directory)
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in own:
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/cwd") != target:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+        except OSError:  # gone, or another user's
+            continue
+        if _is_snakemake(args):
+            found.append(int(entry))
+    return found
+
+
+def _is_snakemake(args: list[str]) -> bool:
+    """``snakemake ...``, ``python /venv/bin/snakemake ...`` or ``python -m snakemake ...`` (a job's
+    ``python -m snakeshard`` is not)."""
+    if any(os.path.basename(arg) == "snakemake" for arg in args[:2]):
+        return True
+    return any(a == "-m" and b == "snakemake" for a, b in zip(args, args[1:]))
+
+
 def output_dir(config: dict) -> str:
     return config.get("output_dir", "results")
 
@@ -492,8 +637,9 @@ def run_spec(config: dict, stage: str, dataset: str) -> dict:
 
 
 def canary_items(config: dict, stage: str) -> int:
-    """Keys the stage's canary job runs before its shard jobs: ``stages.<stage>.canary``, else the top-level ``canary``."""
-    return int(config["stages"][stage].get("canary", config.get("canary", 0)))
+    """Keys the stage's canary job runs before its shard jobs: ``stages.<stage>.canary``, else the top-level ``canary``,
+    else ``DEFAULT_CANARY``."""
+    return int(config["stages"][stage].get("canary", config.get("canary", DEFAULT_CANARY)))
 
 
 def stage_resources(config: dict, stage: str) -> dict:
@@ -633,7 +779,7 @@ class Workflow:
         canary_dir = f"{self.out}/{stage}/{CANARY_DIR}/{stage_fp}"
         write_if_changed(f"{canary_dir}/{KEYS_FILE}", keys_text(keys))
         return {"dir": canary_dir, "items": len(keys), "spec": f"{base}/spec.json", "fingerprint": stage_fp,
-                "upstream": self.upstream_merged(stage, ds)}
+                "upstream": self.upstream_merged(stage, ds), "log": f"{self.out}/{stage}/logs/canary.log"}
 
     def shard_inputs_arg(self, stage: str, dataset: str, shard: int) -> str:
         """The shard job's ``--inputs``: the text its fingerprint digests (see fingerprint.shard_inputs_text)."""

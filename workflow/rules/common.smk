@@ -10,7 +10,7 @@ if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())
 
 from snakeshard.workflow import (SLURM_PASSTHROUGH, Workflow, exit_on_user_error, runner_reports, stage_resources,
-                                 stage_sets, validate_config)
+                                 stage_sets, stale_lock_note, validate_config)
 from snakeshard import snakemake_patches
 
 # Three costs of Snakemake 9's driver: a scheduler wake-up per second per finished job, a pandas import
@@ -29,6 +29,14 @@ with exit_on_user_error():
     SHARD_RESOURCES = {stage: stage_resources(config, stage) for stage in config["stages"]}
     # Files a stage's runner draws after its merge for `snakemake --report` (ScoringRunner: metrics.png).
     REPORTS = {stage: runner_reports(config["stages"][stage]["runner"], f"stages.{stage}") for stage in config["stages"]}
+
+# A lock a dead driver left (kill -9): Snakemake checks its locks after this parse and stops with a LockException
+# that cannot tell a live run from a dead one. Its lock files name paths, not a process; when no other snakemake
+# runs in this directory, say so, with the command that clears it (printed before Snakemake's own error).
+if workflow.is_main_process:
+    _lock_note = stale_lock_note(os.getcwd(), sys.argv[1:], os.getpid())
+    if _lock_note:
+        print(_lock_note, file=sys.stderr, flush=True)
 
 # The interpreter running Snakemake also runs the jobs: no reliance on PATH inside jobs. It reaches
 # the shell commands through the environment (jobs inherit it; on SLURM the job's own Snakemake
