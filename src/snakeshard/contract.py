@@ -253,18 +253,26 @@ def injected_kwargs(runner_cls: type, env: dict) -> dict:
     clashes = sorted(RESERVED_ENV_NAMES & set(env))
     if clashes:
         raise ContractError(f"env key {clashes[0]!r} from the provider clashes with a name {name} hooks reserve; rename it")
-    if not isinstance(_class_attribute(runner_cls, "forward"), staticmethod):
-        raise ContractError(f"{name}.forward must be a @staticmethod")
-    first, named, required, takes_any = forward_parameters(runner_cls.forward)
-    if first is None:
-        raise ContractError(f"{name}.forward must take the key (or batch of keys) as its first positional parameter")
-    if first in env:
-        raise ContractError(f"env key {first!r} clashes with the first parameter of {name}.forward; rename one")
+    return method_kwargs(runner_cls, "forward", env, "the key (or batch of keys)")
+
+
+def method_kwargs(runner_cls: type, method: str, env: dict, first: str) -> dict:
+    """The env entries the static method ``runner_cls.<method>`` receives, chosen by parameter name (all of them
+    with ``**env``); ``first`` says what its first positional parameter receives. Raises naming runner and method
+    when it is no staticmethod, takes no first parameter, or needs a name the env lacks."""
+    name = f"{runner_cls.__module__}.{runner_cls.__qualname__}.{method}"
+    if not isinstance(_class_attribute(runner_cls, method), staticmethod):
+        raise ContractError(f"{name} must be a @staticmethod")
+    param, named, required, takes_any = forward_parameters(getattr(runner_cls, method))
+    if param is None:
+        raise ContractError(f"{name} must take {first} as its first positional parameter")
+    if param in env:
+        raise ContractError(f"env key {param!r} clashes with the first parameter of {name}; rename one")
     if takes_any:
         return dict(env)
     missing = [p for p in required if p not in env]
     if missing:
-        raise ContractError(f"{name}.forward needs env key {missing[0]!r}, but the provider gave only {sorted(env)}")
+        raise ContractError(f"{name} needs env key {missing[0]!r}, but the provider gave only {sorted(env)}")
     return {p: env[p] for p in named if p in env}
 
 

@@ -14,8 +14,7 @@ filled from the env by name, as ``BaseRunner.forward``'s are:
 
 from __future__ import annotations
 
-from snakeshard.contract import InferenceProvider, _class_attribute, forward_parameters
-from snakeshard.errors import ContractError
+from snakeshard.contract import InferenceProvider, method_kwargs
 
 
 class TrainProvider(InferenceProvider):
@@ -44,18 +43,4 @@ def runner_name(runner_cls: type) -> str:
 def step_kwargs(runner_cls: type, method: str, env: dict) -> dict:
     """The env entries ``runner_cls.<method>`` receives, chosen by parameter name (all of them with ``**env``).
     Raises naming the runner when the method is no staticmethod or needs a name the env lacks."""
-    name = f"{runner_name(runner_cls)}.{method}"
-    if not isinstance(_class_attribute(runner_cls, method), staticmethod):
-        raise ContractError(f"{name} must be a @staticmethod")
-    fn = getattr(runner_cls, method)
-    first, named, required, takes_any = forward_parameters(fn)
-    if first is None:
-        raise ContractError(f"{name} must take the batch (a list of keys) as its first positional parameter")
-    if first in env:
-        raise ContractError(f"env key {first!r} clashes with the first parameter of {name}; rename one")
-    if takes_any:
-        return dict(env)
-    missing = [p for p in required if p not in env]
-    if missing:
-        raise ContractError(f"{name} needs env key {missing[0]!r}, but the provider gave only {sorted(env)}")
-    return {p: env[p] for p in named if p in env}
+    return method_kwargs(runner_cls, method, env, "the batch (a list of keys)")
