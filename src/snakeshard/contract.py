@@ -68,7 +68,7 @@ class EnvironmentProvider:
         """The env of an in-process run (``runner(keys)``). Default: ``build_worker_setup_fn()()``, when a
         subclass overrides only that (ESPnet3's worker-setup style): in-process and shard jobs then build
         the env alike."""
-        if _overrides(type(self), "build_worker_setup_fn", EnvironmentProvider):
+        if overrides(type(self), "build_worker_setup_fn", EnvironmentProvider):
             return self.build_worker_setup_fn()()
         raise NotImplementedError(f"{type(self).__name__} must implement build_env_local() "
                                   "(or build_worker_setup_fn())")
@@ -105,11 +105,6 @@ class InferenceProvider(EnvironmentProvider):
 
     def build_env(self) -> dict:
         raise NotImplementedError(f"{type(self).__name__} must implement build_env() (or build_worker_setup_fn())")
-
-
-def _overrides(cls: type, name: str, base: type) -> bool:
-    """True if ``cls`` defines ``name`` other than ``base`` does."""
-    return getattr(cls, name) is not getattr(base, name)
 
 
 class BaseRunner:
@@ -249,7 +244,7 @@ def injected_kwargs(runner_cls: type, env: dict) -> dict:
     Raises naming the runner and the key when ``forward`` asks for a name the env
     lacks, or the env holds a name the shard loop reserves.
     """
-    name = f"{runner_cls.__module__}.{runner_cls.__qualname__}"
+    name = runner_name(runner_cls)
     clashes = sorted(RESERVED_ENV_NAMES & set(env))
     if clashes:
         raise ContractError(f"env key {clashes[0]!r} from the provider clashes with a name {name} hooks reserve; rename it")
@@ -260,7 +255,7 @@ def method_kwargs(runner_cls: type, method: str, env: dict, first: str) -> dict:
     """The env entries the static method ``runner_cls.<method>`` receives, chosen by parameter name (all of them
     with ``**env``); ``first`` says what its first positional parameter receives. Raises naming runner and method
     when it is no staticmethod, takes no first parameter, or needs a name the env lacks."""
-    name = f"{runner_cls.__module__}.{runner_cls.__qualname__}.{method}"
+    name = f"{runner_name(runner_cls)}.{method}"
     if not isinstance(_class_attribute(runner_cls, method), staticmethod):
         raise ContractError(f"{name} must be a @staticmethod")
     param, named, required, takes_any = forward_parameters(getattr(runner_cls, method))
@@ -291,7 +286,7 @@ def check_hook_env(runner_cls: type, env: dict) -> None:
         names = code.co_varnames[max(passed, code.co_posonlyargcount):code.co_argcount + code.co_kwonlyargcount]
         defaults = set(function.__kwdefaults__ or ())
         defaults |= set(code.co_varnames[code.co_argcount - len(function.__defaults__ or ()):code.co_argcount])
-        name = f"{runner_cls.__module__}.{runner_cls.__qualname__}.{hook}"
+        name = f"{runner_name(runner_cls)}.{hook}"
         missing = [n for n in names if n not in env and n not in defaults]
         if missing:
             raise ContractError(f"{name} needs env key {missing[0]!r}, but the provider gave only {sorted(env)}")
@@ -348,6 +343,11 @@ def _parameters_by_inspect(forward) -> tuple[str | None, list[str], set[str], bo
     return (params[0].name, [p.name for p in named], {p.name for p in named if p.default is p.empty}, takes_any)
 
 
-def overrides(runner_cls: type, hook: str) -> bool:
-    """True if ``runner_cls`` replaces a BaseRunner hook (lets the shard loop skip no-op calls)."""
-    return getattr(runner_cls, hook) is not getattr(BaseRunner, hook)
+def overrides(cls: type, hook: str, base: type | None = None) -> bool:
+    """True if ``cls`` replaces ``base``'s ``hook`` (default base: BaseRunner; lets the shard loop skip no-op calls)."""
+    return getattr(cls, hook) is not getattr(base or BaseRunner, hook)
+
+
+def runner_name(runner_cls: type) -> str:
+    """``module.Class``: how errors name a runner."""
+    return f"{runner_cls.__module__}.{runner_cls.__qualname__}"

@@ -5,6 +5,8 @@ names what the user has to look at: the item key, the shard, the file and line.
 The CLI prints the message alone (no traceback) and exits non-zero.
 """
 
+ERROR_PREFIX = "snakeshard: error: "  # how every command and job prints a SnakeshardError: one line, this prefix
+
 
 class SnakeshardError(Exception):
     """Base class: a problem with the user's data, config or code, not a snakeshard bug."""

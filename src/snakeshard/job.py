@@ -13,11 +13,10 @@ import contextlib
 import os
 import sys
 
-from snakeshard.errors import SnakeshardError
+from snakeshard.errors import ERROR_PREFIX, SnakeshardError
 from snakeshard.quickjson import loads
 from snakeshard.shard_files import SHARD_ITEMS
 
-ERROR_PREFIX = "snakeshard: error: "
 CANARY = "canary"  # the --shard of a stage's canary job
 
 

@@ -18,7 +18,7 @@ import time
 
 from snakeshard import __version__
 from snakeshard.atomic import atomic_write_json
-from snakeshard.contract import FieldWriters, check_hook_env, injected_kwargs, overrides
+from snakeshard.contract import FieldWriters, check_hook_env, injected_kwargs, overrides, runner_name
 from snakeshard.errors import ContractError, ShardError, SnakeshardError
 from snakeshard.fingerprint import digest_bytes
 from snakeshard.fingerprint import keys_digest as digest_keys
@@ -71,16 +71,12 @@ def _lengths(runner_cls, env, keys, where, purpose="") -> list[float]:
     return lengths
 
 
-def _runner_name(runner_cls) -> str:
-    return f"{runner_cls.__module__}.{runner_cls.__qualname__}"
-
-
 def _index_fragments(runner_cls, writers, returned, shard_dir: str) -> list[str]:
     """The per-key index files the merge concatenates: what ``close_writers`` returned, plus those of the
     default writers it left out. ESPnet3's ``close_writers`` returns nothing; taken at its word, the merge
     merged nothing and said it was done. Other writers' hooks that return None while the shard dir holds
     files are an error naming them (``[]`` says that none of them is per-key)."""
-    hook = f"{_runner_name(runner_cls)}.close_writers"
+    hook = f"{runner_name(runner_cls)}.close_writers"
     if returned is not None and not (isinstance(returned, (list, tuple)) and all(isinstance(n, str) for n in returned)):
         raise ContractError(f"{hook} returned {returned!r}: it returns the list of file names (in the shard dir) "
                             "of the per-key index files the merge concatenates")

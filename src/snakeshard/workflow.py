@@ -16,10 +16,9 @@ from pathlib import Path
 from snakeshard import __version__
 from snakeshard.atomic import write_if_changed
 from snakeshard.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
-from snakeshard.errors import ConfigError, DataError, SnakeshardError
+from snakeshard.errors import ERROR_PREFIX, ConfigError, DataError, SnakeshardError
 from snakeshard.fingerprint import (audio_identity, digest, inputs_digest, keys_text, records_digest,
                                     shard_fingerprint, shard_inputs_text, stage_fingerprint)
-from snakeshard.job import ERROR_PREFIX
 from snakeshard.plan import ensure_plan, read_audio_files
 from snakeshard.shard_files import KEYS_FILE, read_shard_keys
 from snakeshard.writers import check_outputs_config

@@ -38,10 +38,11 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from snakeshard.contract import runner_name
 from snakeshard.errors import ContractError, SnakeshardError
 from snakeshard.train import rng
 from snakeshard.train.checkpoint import CheckpointManager, CheckpointWarning
-from snakeshard.train.runner import runner_name, step_kwargs
+from snakeshard.train.runner import step_kwargs
 from snakeshard.train.schedule import make_scheduler
 
 DEFAULTS = {"seed": 0, "epochs": None, "max_steps": None, "batch_size": 1, "accum_steps": 1,

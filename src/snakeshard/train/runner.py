@@ -36,10 +36,6 @@ class TorchRunner:
         raise NotImplementedError("define @staticmethod infer_step(batch, *, model, ...) to infer")
 
 
-def runner_name(runner_cls: type) -> str:
-    return f"{runner_cls.__module__}.{runner_cls.__qualname__}"
-
-
 def step_kwargs(runner_cls: type, method: str, env: dict) -> dict:
     """The env entries ``runner_cls.<method>`` receives, chosen by parameter name (all of them with ``**env``).
     Raises naming the runner when the method is no staticmethod or needs a name the env lacks."""
