@@ -56,22 +56,34 @@ def _create_temp_beside(path: str) -> tuple[int, str]:
 
 
 def remove_temps_of(path: str | os.PathLike) -> list[str]:
-    """Remove the temp files a writer of ``path`` killed before its rename left beside it (``.NAME.<hex>.tmp``,
-    only those: other dot files are not ours); returns their paths. For a writer that runs alone on
-    ``path`` (the merge of a set): another live writer's temp file would go too."""
+    """Remove the temp files a writer of ``path`` killed before its rename left beside it; returns their paths.
+    For a writer that runs alone on ``path`` (the merge of a set): another live writer's temp file would go too."""
     parent, name = os.path.split(os.fspath(path))
-    prefix, removed = f".{name}.", []
+    return remove_temps_in(parent or ".", name)
+
+
+def remove_temps_in(directory: str | os.PathLike, name: str | None = None) -> list[str]:
+    """Remove the temp files ``.NAME.<12 hex>.tmp`` in ``directory`` (of the file ``name`` only, if given; other
+    dot files are not ours); returns their paths."""
+    removed = []
     try:
-        entries = list(os.scandir(parent or "."))
+        entries = list(os.scandir(directory))
     except FileNotFoundError:
         return removed
     for entry in entries:
-        token = entry.name[len(prefix):-len(".tmp")]
-        if (entry.name.startswith(prefix) and entry.name.endswith(".tmp") and len(token) == _TEMP_TOKEN_CHARS
-                and all(c in "0123456789abcdef" for c in token) and entry.is_file(follow_symlinks=False)):
+        if _is_temp_name(entry.name, name) and entry.is_file(follow_symlinks=False):
             os.unlink(entry.path)
             removed.append(entry.path)
     return removed
+
+
+def _is_temp_name(entry: str, name: str | None) -> bool:
+    """``entry`` is a name _create_temp_beside gives (beside the file ``name``, if given)."""
+    if not (entry.startswith(".") and entry.endswith(".tmp")):
+        return False
+    target, _, token = entry[1:-len(".tmp")].rpartition(".")
+    return (bool(target) and (name is None or target == name) and len(token) == _TEMP_TOKEN_CHARS
+            and all(c in "0123456789abcdef" for c in token))
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

@@ -16,10 +16,9 @@ import re
 import warnings
 from pathlib import Path
 
-from snakeshard.atomic import atomic_write_bytes
+from snakeshard.atomic import atomic_write_bytes, remove_temps_in
 
 _HISTORY_NAME = re.compile(r"^step-(\d+)\.pt$")
-_TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
 
 
 class CheckpointWarning(UserWarning):
@@ -65,14 +64,7 @@ class CheckpointManager:
 
     def remove_temps(self) -> list[Path]:
         """Remove temp files a killed writer left here and in history/ (this run's directory has one writer)."""
-        removed = []
-        for folder in (self.directory, self.history):
-            if folder.is_dir():
-                for p in folder.iterdir():
-                    if _TEMP_NAME.match(p.name) and p.is_file():
-                        p.unlink()
-                        removed.append(p)
-        return removed
+        return [Path(p) for folder in (self.directory, self.history) for p in remove_temps_in(folder)]
 
     def load_latest(self) -> tuple[dict, Path] | None:
         """The newest readable checkpoint and its path: ``latest.pt``, else history newest first (warning
