@@ -99,7 +99,7 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple
     """(state, detail): done, stale (with what changed), unreadable, failed (with log tail),
     incomplete (started, no result), pending. ``expected``: the shard's entry in the current fingerprints.
     ``log`` may be a job's of several shards (``shards_per_job``): the error line naming ``shard`` counts."""
-    from snakeshard.merge import UnreadableDone, holds_paths, made_elsewhere, moved_fix, read_done
+    from snakeshard.merge import UnreadableDone, done_moved, moved_fix, read_done
 
     try:
         done = read_done(shard_dir)
@@ -107,7 +107,7 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple
         return "unreadable", str(e)
     if done is not None:
         if done.get("fingerprint") == expected["fingerprint"]:
-            if made_elsewhere(done.get("shard_dir"), shard_dir) and holds_paths(done.get("fragments")):
+            if done_moved(done, shard_dir):
                 return "moved", (f"computed in {done['shard_dir']}: its scp files point there; "
                                  + moved_fix(shard_dir.parent.parent.name))
             return "done", ""

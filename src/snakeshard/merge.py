@@ -50,6 +50,11 @@ def made_elsewhere(recorded: str | None, here) -> bool:
     return recorded is not None and os.path.realpath(recorded) != os.path.realpath(here)
 
 
+def done_moved(done: dict, shard_dir) -> bool:
+    """True if the shard whose ``done`` this is was computed in another dir and its scp files point there."""
+    return made_elsewhere(done.get("shard_dir"), shard_dir) and holds_paths(done.get("fragments"))
+
+
 def moved_fix(stage: str) -> str:
     return f"recompute them here: snakemake --profile <your profile> --forcerun shard_{stage}"
 
@@ -93,9 +98,10 @@ def read_done(shard_dir: Path) -> dict | None:
     return done
 
 
-def check_shards(set_dir: Path, plan: dict, shard_fps: list[str]) -> list[Path]:
-    """The planned shard dirs, after checking each ``done`` against the plan and its expected fingerprint."""
-    shard_dirs = []
+def check_shards(set_dir: Path, plan: dict, shard_fps: list[str]) -> tuple[list[Path], list[dict]]:
+    """The planned shard dirs and their ``done`` records, after checking each against the plan and its expected
+    fingerprint."""
+    shard_dirs, dones = [], []
     problems = []
     for shard, expected_fp in zip(plan["shards"], shard_fps):
         shard_dir = set_dir / f"split.{shard['shard']}"
@@ -105,6 +111,7 @@ def check_shards(set_dir: Path, plan: dict, shard_fps: list[str]) -> list[Path]:
         except UnreadableDone as e:
             problems.append(f"shard {shard['shard']}: {e}")
             continue
+        dones.append(done)
         if done is None:
             problems.append(f"shard {shard['shard']} is not done ({shard_dir}/done missing)")
         elif done.get("fingerprint") != expected_fp:
@@ -115,14 +122,14 @@ def check_shards(set_dir: Path, plan: dict, shard_fps: list[str]) -> list[Path]:
         elif done.get("items") != shard["items"] or done.get("keys_digest") != shard["keys_digest"]:
             problems.append(f"shard {shard['shard']}: done records {done.get('items')} items / keys "
                             f"{done.get('keys_digest')}, plan has {shard['items']} / {shard['keys_digest']}")
-        elif made_elsewhere(done.get("shard_dir"), shard_dir) and holds_paths(done.get("fragments")):
+        elif done_moved(done, shard_dir):
             problems.append(f"shard {shard['shard']} was computed in {done['shard_dir']} (the project was moved or "
                             f"copied since): its scp files point there; {moved_fix(set_dir.parent.name)}")
         else:
             problems.extend(_state_file_problems(shard_dir, done))
     if problems:
         raise MergeError(f"refusing to merge {set_dir}: " + "; ".join(problems[:MAX_LISTED]))
-    return shard_dirs
+    return shard_dirs, dones
 
 
 def _state_file_problems(shard_dir: Path, done: dict) -> list[str]:
@@ -317,9 +324,9 @@ def merge_set(set_dir: Path, plan: dict, fingerprints: dict, runner_cls) -> dict
     if len(shard_fps) != plan["num_shards"]:
         raise MergeError(f"refusing to merge {set_dir}: {len(shard_fps)} shard fingerprints for "
                          f"{plan['num_shards']} planned shards (plan and fingerprints out of step: rerun snakemake)")
-    shard_dirs = check_shards(set_dir, plan, shard_fps)
+    shard_dirs, dones = check_shards(set_dir, plan, shard_fps)
     files = runner_cls.merge(shard_dirs, set_dir) or []
-    summary = write_set_summary(set_dir, set_dir.parent.name, set_dir.name, plan, [read_done(d) for d in shard_dirs])
+    summary = write_set_summary(set_dir, set_dir.parent.name, set_dir.name, plan, dones)
     record = {"items": plan["num_items"], "shards": plan["num_shards"], "fingerprint": fingerprints["stage"],
               "inputs": fingerprints["inputs"], "files": list(files), "set_dir": os.path.abspath(set_dir)}
     atomic_write_json(set_dir / "merged.json", record)
