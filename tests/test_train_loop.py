@@ -289,3 +289,21 @@ def test_user_scheduler_state_is_checkpointed(tmp_path):
     train(ToyRunner, env, tk[:64], (), {"batch_size": 16, "epochs": 1}, tmp_path)
     ck = torch.load(tmp_path / "checkpoints" / "latest.pt", weights_only=False)
     assert ck["scheduler"]["last_epoch"] == 4 and ck["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.01 / 16)
+
+
+def test_checkpoints_of_which_none_reads_are_named_with_how_to_start_over(tmp_path):
+    """latest.pt and every history file unreadable: one snakeshard error naming each file and the way out,
+    no silent fresh start over a run that had checkpoints."""
+    from snakeshard.errors import SnakeshardError
+    from snakeshard.train.checkpoint import CheckpointManager
+
+    manager = CheckpointManager(tmp_path / "checkpoints", keep_latest_k=2)
+    manager.save({"step": 1}, step=1)
+    manager.save({"step": 2}, step=2)
+    for path in [manager.latest, *manager.history_files()]:
+        path.write_bytes(b"")
+    with pytest.raises(SnakeshardError) as e:
+        manager.load_latest()
+    message = str(e.value)
+    assert message.startswith("no readable checkpoint: ") and message.endswith("(or pass restart) to start over")
+    assert all(str(p) in message for p in [manager.latest, *manager.history_files()])

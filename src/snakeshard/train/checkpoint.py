@@ -17,12 +17,18 @@ import warnings
 from pathlib import Path
 
 from snakeshard.atomic import atomic_write_bytes, remove_temps_in
+from snakeshard.errors import SnakeshardError
 
 _HISTORY_NAME = re.compile(r"^step-(\d+)\.pt$")
 
 
 class CheckpointWarning(UserWarning):
     """A checkpoint could not be read and an older one was used instead."""
+
+
+class UnreadableCheckpoints(SnakeshardError, RuntimeError):
+    """Checkpoint files exist and none of them reads: named, with how to start over (one error line, as every
+    snakeshard error, where a bare RuntimeError was a traceback)."""
 
 
 class CheckpointManager:
@@ -83,8 +89,8 @@ class CheckpointManager:
                               CheckpointWarning, stacklevel=2)
             return state, path
         if failed:
-            raise RuntimeError("no readable checkpoint: " + "; ".join(f"{p} ({why})" for p, why in failed)
-                               + f". Delete {self.directory} (or pass restart) to start over")
+            raise UnreadableCheckpoints("no readable checkpoint: " + "; ".join(f"{p} ({why})" for p, why in failed)
+                                        + f". Delete {self.directory} (or pass restart) to start over")
         return None
 
 

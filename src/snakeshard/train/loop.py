@@ -126,10 +126,6 @@ def batch_order(seed: int, epoch: int, n: int) -> list[int]:
     return np.random.default_rng([seed, epoch]).permutation(n).tolist()
 
 
-def _meters_state(meters) -> dict:
-    return meters.state()
-
-
 def _meters_from(state: dict | None):
     from snakeshard.metrics.meters import AverageMeters, _as_value
 
@@ -226,7 +222,7 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
             os.fsync(log.fileno())
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                      "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                     "progress": dict(p), "rng": rng.capture(), "meters": _meters_state(meters),
+                     "progress": dict(p), "rng": rng.capture(), "meters": meters.state(),
                      "log_bytes": log.tell(), "config": cfg, "fingerprint": fingerprint, "versions": _versions(),
                      "runner": name}
             manager.save(state, step=p["step"], best=best)
