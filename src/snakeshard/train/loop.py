@@ -12,7 +12,7 @@ The config (every key optional)::
     skip_nonfinite: false # a non-finite loss skips its micro-batch instead of stopping the run
     schedule: null        # {strategy, warmup_steps, cooldown_steps, final_lr_ratio, ...}: see schedule.py
     score: null           # {name, mode: max|min, patience}: best.pt and early stopping (valid meters, else train)
-    checkpoint: {interval: null, every_seconds: null, keep_latest_k: 3}
+    checkpoint: {interval: null, every_seconds: 300, keep_latest_k: 3}   # and at each epoch's end
 
 A step is one optimizer step. A checkpoint (``run_dir/checkpoints/latest.pt``) is written every
 ``interval`` steps, every ``every_seconds``, at each epoch's end (after evaluation), on SIGTERM/SIGUSR1 and at
@@ -47,7 +47,7 @@ from snakeshard.train.schedule import make_scheduler
 
 DEFAULTS = {"seed": 0, "epochs": None, "max_steps": None, "batch_size": 1, "accum_steps": 1,
             "clip_grad_norm": None, "skip_nonfinite": False, "schedule": None, "score": None,
-            "checkpoint": {"interval": None, "every_seconds": None, "keep_latest_k": 3}}
+            "checkpoint": {"interval": None, "every_seconds": 300, "keep_latest_k": 3}}
 RESULT_NEUTRAL = frozenset({"checkpoint"})  # config sections that change no result: not compared on resume
 INTERRUPT_SIGNALS = ("SIGTERM", "SIGUSR1")
 _RESTORE_RNG = True  # tests switch this off to prove the kill/resume test notices unrestored RNG
