@@ -1,6 +1,6 @@
-"""``snakeshard`` command line: init, plan, run-shard, merge, report, status, wer.
+"""``snakeshard`` command line: init, plan, run-shard, train, merge, report, status, wer.
 
-The Snakefile's rules call ``python -m snakeshard run-shard/merge``; people call
+The Snakefile's rules call ``python -m snakeshard run-shard/train/merge``; people call
 ``snakeshard plan`` and ``snakeshard status``. Errors on bad input print one
 message naming key, shard and file, and exit 1. Both enter through ``job.main``, which
 runs a shard job's line without this module (see job.py) and hands the rest to this parser.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from snakeshard.job import (CANARY, ERROR_PREFIX, canary_log_head, cmd_run_shard, cmd_run_shards, main, naming_stage,
-                            read_spec, shard_id, shard_range)
+from snakeshard.job import (CANARY, ERROR_PREFIX, canary_log_head, cmd_run_shard, cmd_run_shards, import_runner, main,
+                            naming_stage, read_spec, shard_id, shard_range)
 
 __all__ = ["build_parser", "main"]  # main: the `snakeshard` script (pyproject.toml); it parses job lines itself
 
@@ -40,11 +40,16 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    from snakeshard.train.stage import cmd_train as train
+
+    return train(args)
+
+
 def cmd_merge(args) -> int:
     from snakeshard.errors import MergeError
     from snakeshard.merge import merge_set
     from snakeshard.plan import shards_text
-    from snakeshard.user_code import import_object
     from snakeshard.workflow import read_fingerprints
 
     spec = read_spec(args.spec)
@@ -54,7 +59,7 @@ def cmd_merge(args) -> int:
         # Another parse (another config, or data changed since this run's DAG was built) rewrote the plan.
         raise MergeError(f"refusing to merge {args.set_dir}: its plan changed while this run was going "
                          "(another snakemake or snakeshard run with other data or config?); run snakemake again")
-    runner_cls = import_object(spec["runner"], f"stages.{spec['stage']}.runner")
+    runner_cls = import_runner(spec)
     with naming_stage(spec["stage"]):
         record = merge_set(Path(args.set_dir), plan, fingerprints, runner_cls)
     print(f"merged {shards_text(record['shards'])}, {record['items']} items into {args.set_dir}: "
@@ -65,11 +70,10 @@ def cmd_merge(args) -> int:
 def cmd_report(args) -> int:
     """Draw one of a runner's report files (its ``reports``) from the current merged output."""
     from snakeshard.merge import require_current
-    from snakeshard.user_code import import_object
 
     spec = read_spec(args.spec)
     require_current(args.set_dir, args.inputs)  # never draw a stale merge
-    runner_cls = import_object(spec["runner"], f"stages.{spec['stage']}.runner")
+    runner_cls = import_runner(spec)
     with naming_stage(spec["stage"]):
         runner_cls.report(Path(args.set_dir), Path(args.output).name, Path(args.output))
     print(f"wrote {args.output}")
@@ -267,6 +271,13 @@ def build_parser():
     sp.add_argument("--done", required=True, help="the job's own done, written when every shard has its done")
     sp.add_argument("--log", help="this job's log file, named in error messages")
     sp.set_defaults(func=cmd_run_shards)
+
+    sp = sub.add_parser("train", help="run a training stage: resume from its latest checkpoint or start, then write "
+                                      "model.pt, metrics.json, curve.png and done (called by the train rule)")
+    sp.add_argument("--spec", required=True, help="the training stage's spec (train.json in its train set's dir)")
+    sp.add_argument("--fingerprint", required=True, help="the fingerprint the run's DAG was built with")
+    sp.add_argument("--log", help="this job's log file, named in error messages")
+    sp.set_defaults(func=cmd_train)
 
     sp = sub.add_parser("merge", help="validate and merge all shards of a stage/dataset (called by the merge rule)")
     sp.add_argument("--spec", required=True, help="stage run spec: a JSON file")

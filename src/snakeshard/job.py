@@ -112,7 +112,7 @@ def _job_env(spec: dict, label: str):
     from snakeshard.user_code import import_object
 
     where = f"stages.{spec['stage']}"
-    runner_cls = import_object(spec["runner"], f"{where}.runner")
+    runner_cls = import_runner(spec)
     provider_cls = import_object(spec["provider"], f"{where}.provider")
     devices = job_devices(spec.get("gpus", 0), spec["stage"])  # fail at job start, before loading anything
     # A pool is started first: its workers spawn and load their models while this process builds its own env.
@@ -124,6 +124,19 @@ def _job_env(spec: dict, label: str):
     finally:
         if pool is not None:
             pool.close()
+
+
+def import_runner(spec: dict) -> type:
+    """The runner class a stage's jobs call: the configured one, or for an inference stage from a training stage
+    (``from_stage``), one whose forward is the trained runner's infer_step (train/inference.py)."""
+    from snakeshard.user_code import import_object
+
+    runner_cls = import_object(spec["runner"], f"stages.{spec['stage']}.runner")
+    if spec.get("model"):
+        from snakeshard.train.inference import model_runner
+
+        return model_runner(runner_cls, spec["stage"])
+    return runner_cls
 
 
 def _run_one(spec: dict, job, shard, shard_dir: str, fingerprint, inputs, log) -> dict:
@@ -205,7 +218,12 @@ def _build_env(spec: dict, provider_cls, devices: list[str], shard: str, parent:
 
     try:
         provider = provider_cls({**spec["provider_config"], "dataset": spec["dataset"], "devices": devices})
-        return provider, provider.build_parent_env() if parent else provider.build_worker_setup_fn()()
+        env = provider.build_parent_env() if parent else provider.build_worker_setup_fn()()
+        if spec.get("model"):  # an inference stage from a training stage: its trained weights (no pool, see config)
+            from snakeshard.train.inference import with_trained_model
+
+            env = with_trained_model(env, spec)
+        return provider, env
     except SnakeshardError as e:
         raise ShardError(f"{shard}: building the env failed: {e}") from e.__cause__
     except Exception as e:  # the provider's own code: its traceback goes to the log

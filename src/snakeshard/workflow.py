@@ -21,6 +21,7 @@ from snakeshard.fingerprint import (audio_identity, digest, inputs_digest, keys_
                                     shard_fingerprint, shard_inputs_text, stage_fingerprint)
 from snakeshard.plan import ensure_plan, read_audio_files
 from snakeshard.shard_files import KEYS_FILE, read_shard_keys
+from snakeshard.train_config import check_stage_kind, is_training, loop_config, model_source, training_stages
 from snakeshard.writers import check_outputs_config
 
 # The canary's shard dir, beside the stage's dataset dirs (dataset names cannot start with "_").
@@ -37,6 +38,11 @@ MAX_LISTED = 5
 # What a shard's fingerprint covers unless the stage's `fingerprint:` config says otherwise.
 FINGERPRINT_DEFAULTS = {"records": [*KALDI_RECORD_FILES, JSONL_RECORD], "audio": True, "code": True}
 FINGERPRINTS_FILE = "fingerprints.json"  # beside plan.json: what the merge and readers of merged output check
+# The methods jobs call on a runner class with a key or batch first and env entries by name: a shard stage's
+# forward, a training stage's steps (snakeshard.train.TorchRunner)
+STEP_METHODS = ("forward", "train_step", "evaluate_step", "infer_step")
+TRAIN_SPEC = "train.json"
+SIGNAL_SECONDS = 120  # a training job's SIGTERM before its SLURM time limit: a checkpoint takes seconds, not minutes  # a training stage's spec, in its train set's dir (what its job reads)
 
 
 @contextlib.contextmanager
@@ -93,6 +99,7 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
     for name, ds in datasets.items():
         check_dataset_source(name, ds, stages)
     for name, stage in stages.items():
+        check_stage_kind(name, stage, datasets, stages)  # training stages, and inference from them
         for ds in stage["datasets"]:
             if ds not in datasets:
                 raise ConfigError(f"stages.{name}.datasets: {ds!r} is not defined under datasets ({sorted(datasets)})")
@@ -158,7 +165,7 @@ def upstream_of(config: dict) -> dict[tuple[str, str], tuple[str, str]]:
     a chain that loops back on itself is an error naming it."""
     datasets = config.get("datasets", {})
     links = {}
-    for stage, ds in stage_sets(config):
+    for stage, ds in planned_sets(config):
         source = datasets[ds]
         if "from_stage" in source:
             links[stage, ds] = (source["from_stage"], source["dataset"])
@@ -332,16 +339,17 @@ def check_runner_source(path: str, where: str, origin: str, tree) -> None:
                 raise ConfigError(f"{where}: {path}.{hook} ({origin}:{item.lineno}) is defined as {decorators}{hook}("
                                   f"{ast.unparse(item.args)}), but {caller}, and {problem}: define it as "
                                   f"{hook_signature(hook)}")
-        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "forward":
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in STEP_METHODS:
             decorators = {d.id for d in item.decorator_list if isinstance(d, ast.Name)}
             decorators |= {d.attr for d in item.decorator_list if isinstance(d, ast.Attribute)}
+            first = "the key (or a batch of keys)" if item.name == "forward" else "the batch (a list of keys)"
             if "staticmethod" not in decorators:
-                raise ConfigError(f"{where}: {path}.forward ({origin}:{item.lineno}) must be a @staticmethod: "
-                                  "shard jobs call it on the class, with the key first and env entries by name")
+                raise ConfigError(f"{where}: {path}.{item.name} ({origin}:{item.lineno}) must be a @staticmethod: "
+                                  f"jobs call it on the class, with {first} first and env entries by name")
             args = item.args
             if not (args.posonlyargs or args.args):
-                raise ConfigError(f"{where}: {path}.forward ({origin}:{item.lineno}) must take the key (or a "
-                                  "batch of keys) as its first positional parameter")
+                raise ConfigError(f"{where}: {path}.{item.name} ({origin}:{item.lineno}) must take {first} as its "
+                                  "first positional parameter")
 
 
 def _hook_problem(item) -> str | None:
@@ -595,8 +603,18 @@ def output_dir(config: dict) -> str:
 
 
 def stage_sets(config: dict) -> list[tuple[str, str]]:
-    """Every (stage, dataset) pair the config asks for, in config order."""
+    """Every (stage, dataset) pair that is sharded and merged, in config order (a training stage's are not)."""
+    return [(s, d) for s, stage in config["stages"].items() if not is_training(stage) for d in stage["datasets"]]
+
+
+def planned_sets(config: dict) -> list[tuple[str, str]]:
+    """Every (stage, dataset) pair planned at parse: the sharded ones and the training stages' train/valid sets."""
     return [(s, d) for s, stage in config["stages"].items() for d in stage["datasets"]]
+
+
+def shard_stages(config: dict) -> list[str]:
+    """The stages whose datasets run as shard jobs (every stage but the training ones)."""
+    return [name for name, stage in config["stages"].items() if not is_training(stage)]
 
 
 def set_dir(config: dict, stage: str, dataset: str) -> str:
@@ -688,12 +706,17 @@ class Workflow:
         self.shard_inputs: dict[tuple[str, str], list[dict]] = {}
         self.inputs: dict[tuple[str, str], str] = {}
         self.canaries: dict[str, dict] = {}
+        self.specs: dict[tuple[str, str], dict] = {}
+        self.trainings: dict[str, dict] = {}  # training stage -> what its rule and the stages using its model need
         self.upstream = upstream_of(config)  # chained (stage, dataset) -> the (stage, dataset) it reads
         stat_cache: dict[str, str] = {}  # audio file -> identity, shared by stages over the same data
         try:
-            for stage, ds in self._in_chain_order():
-                self._prepare_set(stage, ds, stat_cache, reuse_audio_identity)
-            for stage in config["stages"]:
+            for node in self._in_dependency_order():
+                if node[0] == "train":
+                    self._prepare_training(node[1])
+                else:
+                    self._prepare_set(node[1], node[2], stat_cache, reuse_audio_identity)
+            for stage in shard_stages(config):
                 self.canaries[stage] = self._prepare_canary(stage)
         except OSError as e:  # a read-only or full output_dir, an unreadable data file: name the path
             path = str(e.filename or self.out)  # a write to a full disk names no file
@@ -701,18 +724,40 @@ class Workflow:
                 raise ConfigError(f"output_dir: cannot write {path}: {e.strerror} (output_dir is {self.out!r})") from None
             raise DataError(f"cannot read {path}: {e.strerror}") from None
 
-    def _in_chain_order(self) -> list[tuple[str, str]]:
-        """Every stage/dataset, each after the one whose output it reads (config order otherwise)."""
-        ordered: list[tuple[str, str]] = []
+    def _in_dependency_order(self) -> list[tuple]:
+        """Every set to plan, ``("set", stage, dataset)``, and training stage, ``("train", stage)``, each after
+        what its fingerprint takes in: the merged set a chained dataset reads, the training stage whose model an
+        inference stage uses, a training stage's own sets and its stats (config order otherwise)."""
+        stages = self.config["stages"]
+        ordered: list[tuple] = []
+        visiting: list[tuple] = []
+
+        def needs(node) -> list[tuple]:
+            if node[0] == "train":
+                stats = stages[node[1]].get("stats")
+                found = [("set", node[1], ds) for ds in stages[node[1]]["datasets"]]
+                return found + ([("set", stats["from_stage"], stats["dataset"])] if stats else [])
+            _, stage, ds = node
+            found = [("set", *self.upstream[stage, ds])] if (stage, ds) in self.upstream else []
+            source = model_source(self.config, stage)
+            return found + ([("train", source)] if source else [])
 
         def visit(node):
-            if node in self.upstream:
-                visit(self.upstream[node])
-            if node not in ordered:
-                ordered.append(node)
+            if node in ordered:
+                return
+            if node in visiting:
+                chain = " -> ".join("/".join(n[1:]) for n in [*visiting[visiting.index(node):], node])
+                raise ConfigError(f"stages: a stage needs its own output: {chain}")
+            visiting.append(node)
+            for dep in needs(node):
+                visit(dep)
+            visiting.pop()
+            ordered.append(node)
 
-        for node in stage_sets(self.config):
-            visit(node)
+        for stage, ds in planned_sets(self.config):
+            visit(("set", stage, ds))
+        for stage in training_stages(self.config):
+            visit(("train", stage))
         return ordered
 
     def _prepare_set(self, stage: str, ds: str, stat_cache: dict, reuse_audio_identity: bool) -> None:
@@ -726,6 +771,10 @@ class Workflow:
         upstream = self.inputs[self.upstream[stage, ds]] if (stage, ds) in self.upstream else ""
         if upstream:
             spec["dataset"]["upstream_inputs"] = upstream  # load_dataset refuses any other merged output
+        source = model_source(self.config, stage)
+        if source:  # inference with a trained model: its fingerprint is the stage's (retraining reruns the shards)
+            spec["model"] = self.trainings[source]["model"]
+        self.specs[stage, ds] = spec
         # Jobs read the spec from this file, not from a rule param: options listed in
         # fingerprint_ignore may change without rerunning shards, so they must not be params.
         write_if_changed(Path(base) / "spec.json", json.dumps(spec, indent=1, sort_keys=True) + "\n")
@@ -764,6 +813,39 @@ class Workflow:
                                 "it is still listed in the dataset") from None
         return digests
 
+    def _prepare_training(self, stage: str) -> None:
+        """A training stage's spec (``train.json`` in its train set's dir, what its job reads) and fingerprint: its
+        sets' inputs (keys, records, audio, upstream merges, code, provider config), its stats' merged output and
+        every training key but ``checkpoint`` (which changes no result)."""
+        s = self.config["stages"][stage]
+        out = set_dir(self.config, stage, s["train"])
+        stats = s.get("stats")
+        stats_ref = None
+        if stats:
+            key = stats["from_stage"], stats["dataset"]
+            stats_ref = {"path": set_dir(self.config, *key), "inputs": self.inputs[key],
+                         "where": f"stages.{stage}.stats"}
+        spec = {"stage": stage, "runner": s["runner"], "provider": s["provider"],
+                "provider_config": s.get("provider_config") or {},
+                "train": self.specs[stage, s["train"]]["dataset"],
+                "valid": self.specs[stage, s["valid"]]["dataset"] if "valid" in s else None,
+                "stats": stats_ref, "labels": s.get("labels") or [], "loop": loop_config(s),
+                "batch_size": s.get("batch_size"), "batch_seconds": s.get("batch_seconds"),
+                "sort_by_length": bool(s.get("sort_by_length")), "gpus": requested_gpus(s.get("resources") or {})}
+        result = {**spec, "loop": {k: v for k, v in spec["loop"].items() if k != "checkpoint"},
+                  "sets": [self.inputs[stage, ds] for ds in s["datasets"]], "version": __version__}
+        spec["fingerprint"] = digest(json.dumps(result, sort_keys=True))
+        write_if_changed(Path(out) / TRAIN_SPEC, json.dumps(spec, indent=1, sort_keys=True) + "\n")
+        upstream = [f"{set_dir(self.config, *self.upstream[stage, ds])}/merged.json"
+                    for ds in s["datasets"] if (stage, ds) in self.upstream]
+        self.trainings[stage] = {
+            "dir": out, "spec": f"{out}/{TRAIN_SPEC}", "fingerprint": spec["fingerprint"],
+            "keys": [f"{set_dir(self.config, stage, ds)}/split.0/{KEYS_FILE}" for ds in s["datasets"]],
+            "upstream": upstream + ([f"{stats_ref['path']}/merged.json"] if stats_ref else []),
+            "model": {"stage": stage, "path": f"{out}/model.pt", "done": f"{out}/done", "stats": stats_ref,
+                      "fingerprint": spec["fingerprint"]},
+        }
+
     def _prepare_canary(self, stage: str) -> dict:
         """The canary's dir (under the stage fingerprint, see canary.smk) and its keys: the first N of
         the stage's first dataset read from disk (else its first, a chained one), rewritten only when they
@@ -786,10 +868,17 @@ class Workflow:
         return shard_inputs_text(self.stage_fps[stage, dataset], entry["keys"], entry["records"], entry["audio"],
                                  entry["upstream"])
 
+    def signal_seconds(self, stage: str) -> int:
+        """How long before a training job's SLURM time limit it gets SIGTERM (``checkpoint.signal_seconds``)."""
+        return int((self.config["stages"][stage].get("checkpoint") or {}).get("signal_seconds", SIGNAL_SECONDS))
+
     def upstream_merged(self, stage: str, dataset: str) -> list[str]:
-        """The merged.json a chained set's jobs wait for (none for a dataset read from disk)."""
+        """What a set's jobs wait for: a chained set's upstream merged.json, an inference stage's trained model's
+        done (none for a dataset read from disk)."""
         up = self.upstream.get((stage, dataset))
-        return [f"{set_dir(self.config, *up)}/merged.json"] if up else []
+        files = [f"{set_dir(self.config, *up)}/merged.json"] if up else []
+        source = model_source(self.config, stage)
+        return files + ([self.trainings[source]["model"]["done"]] if source else [])
 
     def num_shards(self, stage: str, dataset: str) -> int:
         return self.plans[stage, dataset]["num_shards"]

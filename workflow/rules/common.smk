@@ -9,8 +9,8 @@ from pathlib import Path
 if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())
 
-from snakeshard.workflow import (SLURM_PASSTHROUGH, Workflow, exit_on_user_error, runner_reports, stage_resources,
-                                 stage_sets, stale_lock_note, validate_config)
+from snakeshard.workflow import (SLURM_PASSTHROUGH, Workflow, exit_on_user_error, runner_reports, shard_stages,
+                                 stage_resources, stage_sets, stale_lock_note, validate_config)
 from snakeshard import snakemake_patches
 
 # Three costs of Snakemake 9's driver: a scheduler wake-up per second per finished job, a pandas import
@@ -25,10 +25,11 @@ with exit_on_user_error():
     # A job's own Snakemake (SLURM) takes the audio identity the main process computed, rather than
     # stat'ing every audio file of the dataset again in every job.
     WF = Workflow(config, reuse_audio_identity=not workflow.is_main_process)
-    STAGE_SETS = stage_sets(config)
+    STAGE_SETS = stage_sets(config)  # sharded and merged (a training stage's sets are planned, then trained on)
+    SHARD_STAGES = shard_stages(config)
     SHARD_RESOURCES = {stage: stage_resources(config, stage) for stage in config["stages"]}
     # Files a stage's runner draws after its merge for `snakemake --report` (ScoringRunner: metrics.png).
-    REPORTS = {stage: runner_reports(config["stages"][stage]["runner"], f"stages.{stage}") for stage in config["stages"]}
+    REPORTS = {stage: runner_reports(config["stages"][stage]["runner"], f"stages.{stage}") for stage in SHARD_STAGES}
 
 # A lock a dead driver left (kill -9): Snakemake checks its locks after this parse and stops with a LockException
 # that cannot tell a live run from a dead one. Its lock files name paths, not a process; when no other snakemake

@@ -1,6 +1,13 @@
 """The training loop: deterministic batch order, checkpoints at step boundaries, exact resume.
 
-``train(runner_cls, env, train_keys, valid_keys, config, run_dir, fingerprint=..., restart=...)``
+``train(runner_cls, env, train_keys, valid_keys, config, run_dir, fingerprint=..., restart=...,
+batches=..., split_env=...)``
+
+``batches``: the train batches as lists of keys, fixed for the run (e.g. grouped by length); each epoch then
+runs them in an order seeded by (seed, epoch); ``valid_batches`` likewise, run in their order. Without them, each epoch permutes the keys and cuts them into
+``batch_size`` batches. ``split_env``: env entries for one split only (``{"train": {...}, "valid": {...}}``,
+e.g. each split's ``dataset``), given to that split's steps on top of ``env``. ``on_line``: called with each
+line written to steps.jsonl (a job's log prints the epochs' lines).
 
 The config (every key optional)::
 
@@ -11,7 +18,8 @@ The config (every key optional)::
     clip_grad_norm: null  # max gradient norm, clipped before each optimizer step
     skip_nonfinite: false # a non-finite loss skips its micro-batch instead of stopping the run
     schedule: null        # {strategy, warmup_steps, cooldown_steps, final_lr_ratio, ...}: see schedule.py
-    score: null           # {name, mode: max|min, patience}: best.pt and early stopping (valid meters, else train)
+    score: null           # {name, mode: max|min, patience, split: valid|train}: best.pt and early stopping
+                          # (split: whose meters; default valid when there are valid keys)
     checkpoint: {interval: null, every_seconds: 300, keep_latest_k: 3}   # and at each epoch's end
 
 A step is one optimizer step. A checkpoint (``run_dir/checkpoints/latest.pt``) is written every
@@ -27,6 +35,7 @@ uninterrupted run's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -94,9 +103,11 @@ def _config(config: dict | None) -> dict:
     if score is not None:
         if "name" not in score:
             raise SnakeshardError("training config: score needs a 'name' (a meter of evaluate_step)")
-        score = cfg["score"] = {"mode": "max", "patience": None, **score}
+        score = cfg["score"] = {"mode": "max", "patience": None, "split": None, **score}
         if score["mode"] not in ("max", "min"):
             raise SnakeshardError(f"training config: score mode {score['mode']!r}: 'max' or 'min'")
+        if score["split"] not in (None, "valid", "train"):
+            raise SnakeshardError(f"training config: score split {score['split']!r}: 'valid' or 'train'")
     return cfg
 
 
@@ -152,7 +163,9 @@ def _json_value(value):
 
 
 def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict | None = None,
-          run_dir: str | os.PathLike = ".", *, fingerprint: str = "", restart: bool = False) -> TrainResult:
+          run_dir: str | os.PathLike = ".", *, fingerprint: str = "", restart: bool = False,
+          batches: list[list[str]] | None = None, valid_batches: list[list[str]] | None = None,
+          split_env: dict | None = None, on_line=None) -> TrainResult:
     import torch
 
     cfg = _config(config)
@@ -171,8 +184,10 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     train_keys, valid_keys = list(train_keys), list(valid_keys or ())
     if not train_keys:
         raise SnakeshardError("training: no train keys")
-    bs, accum = int(cfg["batch_size"]), int(cfg["accum_steps"])
-    n_batches = math.ceil(len(train_keys) / bs)
+    bs, accum = int(cfg["batch_size"] or 1), int(cfg["accum_steps"])
+    n_batches = len(batches) if batches is not None else math.ceil(len(train_keys) / bs)
+    if valid_batches is None:
+        valid_batches = [valid_keys[start:start + bs] for start in range(0, len(valid_keys), bs)]
     steps_per_epoch = math.ceil(n_batches / accum)
     max_steps = cfg["max_steps"]
     epochs = cfg["epochs"]
@@ -180,8 +195,10 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     scheduler = env.get("scheduler")
     if scheduler is None and cfg["schedule"] is not None:
         scheduler = make_scheduler(optimizer, total_steps, **cfg["schedule"])
-    train_kwargs = step_kwargs(runner_cls, "train_step", env)
-    eval_kwargs = step_kwargs(runner_cls, "evaluate_step", env) if valid_keys else None
+    split_env = split_env or {}
+    train_kwargs = step_kwargs(runner_cls, "train_step", {**env, **split_env.get("train", {})})
+    eval_kwargs = (step_kwargs(runner_cls, "evaluate_step", {**env, **split_env.get("valid", {})})
+                   if valid_keys else None)
     score = cfg["score"]
     manager = CheckpointManager(ckdir, keep_latest_k=cfg["checkpoint"]["keep_latest_k"])
 
@@ -230,6 +247,8 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
         def write(line: dict) -> None:
             log.write((json.dumps(line) + "\n").encode())
             log.flush()
+            if on_line is not None:
+                on_line(line)
 
         stop = {"signal": None}
         previous = {}
@@ -247,7 +266,7 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
                 if (epochs is not None and p["epoch"] >= epochs) or (max_steps is not None and p["step"] >= max_steps):
                     p["finished"] = True
                     break
-                order = batch_order(int(cfg["seed"]), p["epoch"], len(train_keys))
+                order = batch_order(int(cfg["seed"]), p["epoch"], n_batches if batches is not None else len(train_keys))
                 model.train()
                 while p["batch_pos"] < n_batches and (max_steps is None or p["step"] < max_steps):
                     window = range(p["batch_pos"], min(p["batch_pos"] + accum, n_batches))
@@ -256,8 +275,10 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
                     lr = optimizer.param_groups[0]["lr"]
                     skipped = []
                     for b in window:
-                        keys = [train_keys[i] for i in order[b * bs:(b + 1) * bs]]
-                        out = runner_cls.train_step(keys, **train_kwargs)
+                        keys = (batches[order[b]] if batches is not None
+                                else [train_keys[i] for i in order[b * bs:(b + 1) * bs]])
+                        with _step_context(name, "train_step", p, b, keys):
+                            out = runner_cls.train_step(keys, **train_kwargs)
                         if not isinstance(out, dict) or "loss" not in out:
                             raise ContractError(f"{name}.train_step returned "
                                                 f"{sorted(out) if isinstance(out, dict) else type(out).__name__}: "
@@ -270,7 +291,8 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
                             raise NonFiniteLoss(f"{name}.train_step: loss {loss.detach().tolist()} at step "
                                                 f"{p['step'] + 1} (epoch {p['epoch']}, batch {b}) on keys {keys}; "
                                                 "set skip_nonfinite to skip such batches")
-                        (loss / len(window)).backward()
+                        with _step_context(name, "backward of train_step's loss", p, b, keys):
+                            (loss / len(window)).backward()
                         values = {k: (v.detach() if hasattr(v, "detach") else v) for k, v in out.items()}
                         meters.update(values, n=len(keys))
                         step_meters.update(values, n=len(keys))
@@ -300,7 +322,7 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
                 if p["batch_pos"] < n_batches:  # max_steps reached inside an epoch
                     p["finished"] = True
                     break
-                best = _end_epoch(runner_cls, name, p, cfg, score, meters, valid_keys, eval_kwargs, bs, model, write)
+                best = _end_epoch(runner_cls, name, p, score, meters, valid_batches, eval_kwargs, model, write)
                 meters = _meters_from(None)
                 save(best=best)
                 last_save = time.monotonic()
@@ -316,31 +338,37 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     return _result(p, manager, resumed_from)
 
 
-def _end_epoch(runner_cls, name, p, cfg, score, meters, valid_keys, eval_kwargs, bs, model, write) -> bool:
+def _end_epoch(runner_cls, name, p, score, meters, valid_batches, eval_kwargs, model, write) -> bool:
     """Evaluate, log the epoch, update best score and patience, move to the next epoch; True if it is the best."""
     import torch
 
     valid = None
-    if valid_keys:
+    if valid_batches:
         valid = _meters_from(None)
         model.eval()
         with torch.no_grad():
-            for start in range(0, len(valid_keys), bs):
-                keys = valid_keys[start:start + bs]
-                out = runner_cls.evaluate_step(keys, **eval_kwargs)
+            for b, keys in enumerate(valid_batches):
+                with _step_context(name, "evaluate_step", p, b, keys):
+                    out = runner_cls.evaluate_step(keys, **eval_kwargs)
                 if not isinstance(out, dict):
                     raise ContractError(f"{name}.evaluate_step returned a {type(out).__name__}; a dict of meter values")
                 valid.update(out, n=len(keys))
         model.train()
-    line = {"epoch": p["epoch"], "step": p["step"], "train": {k: _json_value(v) for k, v in meters.avg.items()}}
+    # values, and the meters' states (sums and counts): what AverageMeters.merge combines exactly (ranks, epochs)
+    line = {"epoch": p["epoch"], "step": p["step"], "train": {k: _json_value(v) for k, v in meters.avg.items()},
+            "train_state": meters.state()}
     if valid is not None:
         line["valid"] = {k: _json_value(v) for k, v in valid.avg.items()}
+        line["valid_state"] = valid.state()
     best = False
     if score is not None:
-        source = valid if valid is not None else meters
+        split = score["split"] or ("valid" if valid is not None else "train")
+        if split == "valid" and valid is None:
+            raise SnakeshardError("training config: score split 'valid' needs valid keys; there are none")
+        source = valid if split == "valid" else meters
         if score["name"] not in source:
             raise ContractError(f"score {score['name']!r} is no meter of {name}."
-                                f"{'evaluate_step' if valid is not None else 'train_step'}: it gave {sorted(source)}")
+                                f"{'evaluate_step' if split == 'valid' else 'train_step'}: it gave {sorted(source)}")
         value = float(source[score["name"]].avg)
         old = p["best_score"]
         if old is None or (value > old if score["mode"] == "max" else value < old):
@@ -354,6 +382,24 @@ def _end_epoch(runner_cls, name, p, cfg, score, meters, valid_keys, eval_kwargs,
     p["epoch"] += 1
     p["batch_pos"] = 0
     return best
+
+
+class StepFailed(SnakeshardError):
+    """A step method of the user's runner raised: named with step, epoch, batch and keys."""
+
+
+@contextlib.contextmanager
+def _step_context(name: str, method: str, p: dict, batch: int, keys: list) -> None:
+    """An exception of the user's step, raised again naming where it happened (the last checkpoint is kept:
+    nothing computed before it is lost). Its traceback stays the cause, so the job's log shows it."""
+    try:
+        yield
+    except SnakeshardError:
+        raise
+    except Exception as e:
+        shown = keys if len(keys) <= 5 else [*keys[:5], f"... {len(keys) - 5} more"]
+        raise StepFailed(f"{name}.{method} failed at step {p['step'] + 1} (epoch {p['epoch']}, batch {batch}) on "
+                         f"keys {shown}: {type(e).__name__}: {e}") from e
 
 
 def _result(p: dict, manager: CheckpointManager, resumed_from) -> TrainResult:

@@ -1,0 +1,150 @@
+"""A training stage's job: ``python -m snakeshard train --spec <set>/train.json --fingerprint FP --log LOG``.
+
+It reads the train and valid datasets (every planned key, in plan order), checks their ``labels``, builds the
+provider's env once, and gives each split's steps its own ``dataset`` (and ``normalize``: the stats' GlobalMVN).
+train() runs in the train set's dir (checkpoints/, steps.jsonl); then model.pt, metrics.json and curve.png are
+written, each atomically, and ``done`` last. A signal (SIGTERM, SIGUSR1) ends the job with exit status 75 after a
+checkpoint: Snakemake's retry, or a rerun, resumes from it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from snakeshard.errors import ConfigError, ContractError, DataError, SnakeshardError
+
+MODEL, METRICS, CURVE, DONE = "model.pt", "metrics.json", "curve.png", "done"
+SPLIT_ENV = ("dataset", "normalize")  # env entries the stage gives the steps itself
+MAX_LISTED = 5
+
+
+def cmd_train(args) -> int:
+    from snakeshard.job import naming_stage, read_spec
+
+    spec = read_spec(args.spec)
+    if spec["fingerprint"] != args.fingerprint:
+        raise SnakeshardError(f"{args.spec} was rewritten while this run was going (another snakemake with another "
+                              "config or data?); run snakemake again")
+    with naming_stage(spec["stage"]):
+        return run_training(spec, Path(args.spec).parent)
+
+
+def run_training(spec: dict, run_dir: Path) -> int:
+    from snakeshard.devices import job_devices
+    from snakeshard.train.loop import TrainingInterrupted, train
+    from snakeshard.user_code import import_object
+
+    stage, where = spec["stage"], f"stages.{spec['stage']}"
+    runner_cls = import_object(spec["runner"], f"{where}.runner")
+    provider_cls = import_object(spec["provider"], f"{where}.provider")
+    devices = job_devices(spec.get("gpus", 0), stage)
+    train_set, train_keys = _split(spec, "train", where)
+    valid_set, valid_keys = _split(spec, "valid", where) if spec["valid"] else (None, [])
+    split_env = {"train": {"dataset": train_set}, "valid": {"dataset": valid_set}}
+    env = _build_env(spec, provider_cls, devices, where)
+    if spec["stats"]:
+        env["normalize"] = global_mvn(spec["stats"])
+    batches = _batches(spec, train_set, train_keys)
+    valid_batches = _batches(spec, valid_set, valid_keys) if valid_set is not None else None
+    print(f"training stage {stage!r}: {len(train_keys)} train keys"
+          + (f" in {len(batches)} fixed batches" if batches is not None else "")
+          + (f", {len(valid_keys)} valid keys" if valid_keys else "") + f", devices {devices}", file=sys.stderr, flush=True)
+    try:
+        result = train(runner_cls, env, train_keys, valid_keys, spec["loop"], run_dir, fingerprint=spec["fingerprint"],
+                       batches=batches, valid_batches=valid_batches, split_env=split_env, on_line=_print_epoch)
+    except TrainingInterrupted as e:
+        print(f"training stage {stage!r}: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    if result.resumed_from is not None:
+        print(f"resumed from {result.resumed_from}", file=sys.stderr)
+    from snakeshard.train.outputs import write_outputs
+
+    write_outputs(run_dir, spec, result)
+    print(f"training stage {stage!r}: {result.step} steps, {result.epoch} epochs"
+          + (f", best {spec['loop']['score']['name']} {result.best_score:.6g} at epoch {result.best_epoch}"
+             if result.best_score is not None else "")
+          + (" (stopped early)" if result.stopped_early else "") + f"; wrote {run_dir / MODEL}", file=sys.stderr)
+    return 0
+
+
+def _split(spec: dict, split: str, where: str):
+    """(dataset, keys in plan order) of the ``train`` or ``valid`` split; refused when empty or missing labels."""
+    from snakeshard.data import load_dataset
+
+    dataset = load_dataset(spec[split])
+    keys = list(dataset)
+    name = spec[split]["name"]
+    if not keys:
+        raise DataError(f"{where}.{split}: dataset {name!r} holds no keys")
+    for field in spec["labels"]:
+        upstream = getattr(dataset, "fields", {})  # a chained dataset's merged fields hold every key
+        missing = [] if field in upstream else [k for k in keys if dataset[k].get(field) in (None, "")]
+        if missing:
+            shown = ", ".join(repr(k) for k in missing[:MAX_LISTED])
+            raise DataError(f"{where}.labels: {len(missing)} of {len(keys)} keys of dataset {name!r} "
+                            f"({_source_path(spec[split])}) have no {field!r}: {shown}"
+                            + (" ..." if len(missing) > MAX_LISTED else ""))
+    return dataset, keys
+
+
+def _source_path(dataset_spec: dict) -> str:
+    while "source" in dataset_spec:
+        dataset_spec = dataset_spec["source"]
+    return dataset_spec.get("path", "?")
+
+
+def _build_env(spec: dict, provider_cls, devices: list[str], where: str) -> dict:
+    config = {**spec["provider_config"], "dataset": spec["train"], "valid_dataset": spec["valid"], "devices": devices}
+    try:
+        env = provider_cls(config).build_worker_setup_fn()()
+    except SnakeshardError:
+        raise
+    except Exception as e:  # the provider's own code: its traceback goes to the log
+        raise ConfigError(f"{where}.provider: {spec['provider']} failed to build the env: {type(e).__name__}: {e}") from e
+    if not isinstance(env, dict):
+        raise ContractError(f"{where}.provider: {spec['provider']} built a {type(env).__name__}, not a dict")
+    clash = [name for name in SPLIT_ENV if name in env]
+    if clash:
+        raise ContractError(f"{where}.provider: the env holds {clash[0]!r}, which a training stage gives its steps "
+                            "itself (each split's dataset; normalize from stats:); leave it out of build_env()")
+    return env
+
+
+def global_mvn(stats: dict):
+    """The stats stage's GlobalMVN, from its current merged output only (a stale one is refused)."""
+    from snakeshard.merge import require_current
+    from snakeshard.runners.collect_stats import GlobalMVN
+
+    require_current(Path(stats["path"]), stats["inputs"])
+    return GlobalMVN(stats["path"])
+
+
+def _batches(spec: dict, dataset, keys: list[str]) -> list[list[str]] | None:
+    """Batches fixed for the whole run when they depend on lengths (batch_seconds, sort_by_length); else None
+    (the loop then cuts each epoch's permutation of the keys into batch_size batches)."""
+    if not (spec.get("batch_seconds") or spec.get("sort_by_length")):
+        return None
+    from snakeshard.batch import plan_batches
+
+    lengths = [dataset.duration(k) for k in keys]
+    return [[keys[i] for i in b] for b in plan_batches(lengths, batch_size=spec.get("batch_size"),
+                                                      batch_seconds=spec.get("batch_seconds"),
+                                                      sort_by_length=spec.get("sort_by_length", False))]
+
+
+def _print_epoch(line: dict) -> None:
+    """An epoch's line of steps.jsonl, as the log shows it."""
+    if "train" not in line:
+        return
+    parts = [f"epoch {line['epoch']} (step {line['step']}): train " + _values(line["train"])]
+    if "valid" in line:
+        parts.append("valid " + _values(line["valid"]))
+    if "score" in line:
+        parts.append(f"score {line['score']:.6g}")
+    print("; ".join(parts), file=sys.stderr, flush=True)
+
+
+def _values(values: dict) -> str:
+    return " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {json.dumps(v)}" for k, v in values.items())

@@ -1,0 +1,96 @@
+"""Training stages in the config, as the workflow reads them at parse time (nothing heavy is imported here).
+
+A stage with ``train:`` trains: one job over every key of its ``train`` dataset (and ``valid``), with the
+training keys below. Its datasets are planned as any stage's (one shard each), so their keys, records, audio and
+upstream merges get fingerprints the usual way; ``Workflow`` adds the training fingerprint over them.
+A stage with ``from_stage: <training stage>`` infers with that stage's model: its shards run the runner's
+``infer_step`` over ``model.pt`` (see train/inference.py).
+"""
+
+from __future__ import annotations
+
+from snakeshard.errors import ConfigError
+
+# The keys train() reads (loop.DEFAULTS), taken from the stage config as they are.
+LOOP_KEYS = ("seed", "epochs", "max_steps", "batch_size", "accum_steps", "clip_grad_norm", "skip_nonfinite",
+             "schedule", "score", "checkpoint")
+TRAINING_ONLY = ("train", "valid", "stats", "labels", "epochs", "max_steps", "seed", "accum_steps", "clip_grad_norm",
+                 "skip_nonfinite", "schedule", "checkpoint", "score")
+# Keys of a shard stage that mean nothing to a job that trains on every key at once.
+SHARD_ONLY = ("datasets", "sharding", "shards_per_job", "canary", "workers", "devices", "worker_order", "item_timeout",
+              "worker_init_timeout", "outputs", "allow_nonfinite")
+POOL_KEYS = ("workers", "devices", "worker_order", "item_timeout", "worker_init_timeout")
+
+
+def is_training(stage: dict) -> bool:
+    return "train" in stage
+
+
+def training_stages(config: dict) -> list[str]:
+    return [name for name, stage in config["stages"].items() if is_training(stage)]
+
+
+def model_source(config: dict, stage: str) -> str | None:
+    """The training stage whose model ``stage`` infers with (its ``from_stage``), or None."""
+    return config["stages"][stage].get("from_stage")
+
+
+def check_stage_kind(name: str, stage: dict, datasets: dict, stages: dict) -> None:
+    """A training stage's, or an inference-from-training stage's, own keys; fills in what the rest of the
+    workflow reads of every stage (``datasets``, ``sharding``, and for ``from_stage``: runner and provider)."""
+    where = f"stages.{name}"
+    if is_training(stage):
+        _check_training(where, stage, datasets, stages)
+        return
+    misplaced = [key for key in TRAINING_ONLY if key in stage]
+    if misplaced:
+        raise ConfigError(f"{where}.{misplaced[0]}: only for a training stage (one with train: <dataset>)")
+    if "from_stage" in stage:
+        source = stage["from_stage"]
+        if source not in stages or not is_training(stages[source]):
+            trained = sorted(n for n, s in stages.items() if is_training(s))
+            raise ConfigError(f"{where}.from_stage: {source!r} is not a training stage (training stages: "
+                              f"{trained or 'none'}); a chained dataset takes from_stage under datasets")
+        pooled = [key for key in POOL_KEYS if key in stage]
+        if pooled:
+            raise ConfigError(f"{where}.{pooled[0]}: an inference stage from a trained model runs in the shard job's "
+                              "own process (no pool); leave it out")
+        for role in ("runner", "provider"):
+            stage.setdefault(role, stages[source][role])
+
+
+def _check_training(where: str, stage: dict, datasets: dict, stages: dict) -> None:
+    wrong = [key for key in SHARD_ONLY if key in stage]
+    if wrong:
+        raise ConfigError(f"{where}.{wrong[0]}: not for a training stage, which trains in one job over every key of "
+                          f"its train dataset; name the data with train: and valid:")
+    if "from_stage" in stage:
+        raise ConfigError(f"{where}.from_stage: a training stage takes its data from train: and valid: datasets")
+    for role in ("train", "valid"):
+        if role in stage and stage[role] not in datasets:
+            raise ConfigError(f"{where}.{role}: {stage[role]!r} is not defined under datasets ({sorted(datasets)})")
+    if stage.get("valid") == stage["train"]:
+        raise ConfigError(f"{where}.valid: the same dataset as train ({stage['train']!r}); give a held-out one")
+    if "epochs" in stage and "max_steps" in stage:
+        raise ConfigError(f"{where}: set epochs or max_steps, not both")
+    if stage.get("sort_by_length") and not (stage.get("batch_size") or stage.get("batch_seconds")):
+        raise ConfigError(f"{where}.sort_by_length: sorting needs batches: set batch_size or batch_seconds")
+    score = stage.get("score")
+    if score and score.get("split", "valid") == "valid" and "valid" not in stage:
+        raise ConfigError(f"{where}.score.split: 'valid' (the default) needs a valid: dataset; set one, or "
+                          "split: train")
+    stats = stage.get("stats")
+    if stats:
+        source = stages.get(stats["from_stage"])
+        if source is None:
+            raise ConfigError(f"{where}.stats.from_stage: {stats['from_stage']!r} is not a stage ({sorted(stages)})")
+        if stats["dataset"] not in source.get("datasets", ()):
+            raise ConfigError(f"{where}.stats.dataset: stage {stats['from_stage']!r} runs over "
+                              f"{source.get('datasets')}, not {stats['dataset']!r}")
+    stage["datasets"] = [stage["train"]] + ([stage["valid"]] if "valid" in stage else [])
+    stage["sharding"] = {"num_shards": 1}
+
+
+def loop_config(stage: dict) -> dict:
+    """The training loop's config (loop.DEFAULTS' keys) from a training stage's config."""
+    return {key: stage[key] for key in LOOP_KEYS if key in stage}
