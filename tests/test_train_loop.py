@@ -12,6 +12,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -174,26 +175,43 @@ SMALL = {"epochs": 1, "batch_size": 32, "seed": 3}
 
 
 def test_changed_config_is_refused_naming_the_key_and_restart_starts_clean(tmp_path):
-    from snakeshard.train import ResumeRefused, train
+    """An unfinished run's checkpoint under another config or fingerprint is refused, naming what differs and the
+    command that starts over; a finished run's is no run to resume: training starts over by itself."""
+    from snakeshard.train import ResumeRefused, TrainingInterrupted, train
     from train_toy import ToyRunner
 
+    config = {**SMALL, "batch_size": 8}  # 8 steps
     env, tk, vk = _toy()
-    train(ToyRunner, env, tk[:64], vk, SMALL, tmp_path, fingerprint="a")
+    env["delay"] = 0.05
+    timer = threading.Timer(0.15, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    with pytest.raises(TrainingInterrupted):
+        train(ToyRunner, env, tk[:64], vk, config, tmp_path, fingerprint="a",
+              inputs={"provider_config": {"lr": 0.01}})
+    timer.join()
     env, tk, vk = _toy()
     with pytest.raises(ResumeRefused) as refused:
-        train(ToyRunner, env, tk[:64], vk, {**SMALL, "batch_size": 16}, tmp_path, fingerprint="a")
+        train(ToyRunner, env, tk[:64], vk, {**config, "batch_size": 16}, tmp_path, fingerprint="a",
+              inputs={"provider_config": {"lr": 0.01}})
     message = str(refused.value)
-    assert "batch_size: 32 -> 16" in message and "restart" in message and str(tmp_path / "checkpoints") in message
+    assert "batch_size: 8 -> 16" in message and f"rm -r {tmp_path / 'checkpoints'} {tmp_path / 'steps.jsonl'}" in message
+    with pytest.raises(ResumeRefused, match=r"the config differs \(provider_config.lr: 0.01 -> 0.02\)"):
+        train(ToyRunner, env, tk[:64], vk, config, tmp_path, fingerprint="b", inputs={"provider_config": {"lr": 0.02}})
     with pytest.raises(ResumeRefused, match="the inputs differ .*'a'.*'b'"):
-        train(ToyRunner, env, tk[:64], vk, SMALL, tmp_path, fingerprint="b")
-    # a checkpoint section change (cadence) changes no result: resumes (the run is finished: nothing to do)
-    assert train(ToyRunner, env, tk[:64], vk, {**SMALL, "checkpoint": {"interval": 1}}, tmp_path,
-                 fingerprint="a").resumed_from is not None
-    result = train(ToyRunner, env, tk[:64], vk, {**SMALL, "batch_size": 16}, tmp_path, fingerprint="a", restart=True)
+        train(ToyRunner, env, tk[:64], vk, config, tmp_path, fingerprint="b", inputs={"provider_config": {"lr": 0.01}})
+    # a checkpoint section change (cadence) changes no result: resumes, and finishes
+    resumed = train(ToyRunner, env, tk[:64], vk, {**config, "checkpoint": {"interval": 1}}, tmp_path, fingerprint="a",
+                    inputs={"provider_config": {"lr": 0.01}})
+    assert resumed.resumed_from is not None and resumed.step == 8
+    # finished: another config starts over (no refusal), as after `restart`
+    env, tk, vk = _toy()
+    result = train(ToyRunner, env, tk[:64], vk, {**config, "batch_size": 16}, tmp_path, fingerprint="a")
     assert result.resumed_from is None and result.step == 4
     ck = torch.load(tmp_path / "checkpoints" / "latest.pt", weights_only=False)
     assert ck["config"]["batch_size"] == 16 and ck["fingerprint"] == "a"
     assert [json.loads(line)["step"] for line in (tmp_path / "steps.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 4]
+    result = train(ToyRunner, env, tk[:64], vk, SMALL, tmp_path, fingerprint="a", restart=True)
+    assert result.resumed_from is None and result.step == 2
 
 
 def test_early_stopping_with_patience_and_best_pt(tmp_path):

@@ -24,14 +24,19 @@ from snakeshard.train import TorchRunner, TrainProvider
 
 class TonesProvider(TrainProvider):
     def build_env(self):
-        torch.set_num_threads(1)
+        torch.set_num_threads(int(self.config.get("threads", 1)))
+        if self.config.get("no_rng_restore"):  # the negative control: a resume that forgets the RNG states
+            import snakeshard.train.loop
+
+            snakeshard.train.loop._RESTORE_RNG = False
         torch.manual_seed(0)  # the initial weights
         bins = int(self.config.get("num_mel_bins", 20))
         hidden = int(self.config.get("hidden", 32))
         model = torch.nn.Sequential(torch.nn.Linear(2 * bins, hidden), torch.nn.ReLU(), torch.nn.Dropout(0.2),
                                     torch.nn.Linear(hidden, 4))
         optimizer = torch.optim.Adam(model.parameters(), lr=float(self.config.get("lr", 0.01)))
-        return {"model": model, "optimizer": optimizer, "step_delay": float(self.config.get("step_delay", 0))}
+        return {"model": model, "optimizer": optimizer, "step_delay": float(self.config.get("step_delay", 0)),
+                "nan_on_key": self.config.get("nan_on_key"), "no_loss": bool(self.config.get("no_loss"))}
 
 
 def pooled(batch, dataset, normalize):
@@ -41,14 +46,18 @@ def pooled(batch, dataset, normalize):
 
 class TonesRunner(TorchRunner):
     @staticmethod
-    def train_step(batch, *, model, dataset, normalize, step_delay):
+    def train_step(batch, *, model, dataset, normalize, step_delay, nan_on_key, no_loss):
         if step_delay:
             time.sleep(step_delay)
         x = pooled(batch, dataset, normalize)
         x = x + 0.3 * torch.randn_like(x)  # augmentation: draws from torch's RNG
         y = torch.tensor([int(dataset[k]["text"]) for k in batch])
         logits = model(x)
-        return {"loss": torch.nn.functional.cross_entropy(logits, y), "acc": (logits.argmax(1) == y).float().mean()}
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        if nan_on_key in batch:
+            loss = loss * float("nan")
+        acc = (logits.argmax(1) == y).float().mean()
+        return {"acc": acc} if no_loss else {"loss": loss, "acc": acc}
 
     @staticmethod
     def evaluate_step(batch, *, model, dataset, normalize):
@@ -107,7 +116,7 @@ def config(epochs: int = 4, step_delay: float = 0.0, **training) -> dict:
                       "sharding": {"num_shards": 1}},
             "train": {"runner": "tones.TonesRunner", "provider": "tones.TonesProvider",
                       "provider_config": {"num_mel_bins": 20, "hidden": 32, "lr": 0.01, "step_delay": step_delay},
-                      "fingerprint_ignore": ["step_delay"],
+                      "fingerprint_ignore": ["step_delay", "no_rng_restore"],
                       "train": "feats_train", "valid": "feats_valid", "stats": {"from_stage": "stats",
                                                                              "dataset": "feats_train"},
                       "labels": ["text"], "epochs": epochs, "seed": 3, "batch_size": 8,

@@ -4,7 +4,8 @@ A stage with ``train:`` trains: one job over every key of its ``train`` dataset 
 training keys below. Its datasets are planned as any stage's (one shard each), so their keys, records, audio and
 upstream merges get fingerprints the usual way; ``Workflow`` adds the training fingerprint over them.
 A stage with ``from_stage: <training stage>`` infers with that stage's model: its shards run the runner's
-``infer_step`` over ``model.pt`` (see train/inference.py).
+``infer_step`` over ``model.pt`` (see train/inference.py), with that stage's runner, provider and provider_config
+unless it sets its own (its provider_config keys are laid over the training stage's).
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ def check_stage_kind(name: str, stage: dict, datasets: dict, stages: dict) -> No
                               "own process (no pool); leave it out")
         for role in ("runner", "provider"):
             stage.setdefault(role, stages[source][role])
+        if stage["provider"] == stages[source]["provider"]:  # the model is built as it was trained; own keys win
+            stage["provider_config"] = {**(stages[source].get("provider_config") or {}),
+                                        **(stage.get("provider_config") or {})}
 
 
 def _check_training(where: str, stage: dict, datasets: dict, stages: dict) -> None:

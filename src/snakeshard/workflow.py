@@ -823,17 +823,20 @@ class Workflow:
         stats_ref = None
         if stats:
             key = stats["from_stage"], stats["dataset"]
-            stats_ref = {"path": set_dir(self.config, *key), "inputs": self.inputs[key],
-                         "where": f"stages.{stage}.stats"}
+            stats_ref = {"path": set_dir(self.config, *key), "inputs": self.inputs[key]}
         spec = {"stage": stage, "runner": s["runner"], "provider": s["provider"],
-                "provider_config": s.get("provider_config") or {},
+                "provider_config": s.get("provider_config") or {}, "fingerprint_ignore": s.get("fingerprint_ignore") or [],
                 "train": self.specs[stage, s["train"]]["dataset"],
                 "valid": self.specs[stage, s["valid"]]["dataset"] if "valid" in s else None,
                 "stats": stats_ref, "labels": s.get("labels") or [], "loop": loop_config(s),
                 "batch_size": s.get("batch_size"), "batch_seconds": s.get("batch_seconds"),
-                "sort_by_length": bool(s.get("sort_by_length")), "gpus": requested_gpus(s.get("resources") or {})}
-        result = {**spec, "loop": {k: v for k, v in spec["loop"].items() if k != "checkpoint"},
-                  "sets": [self.inputs[stage, ds] for ds in s["datasets"]], "version": __version__}
+                "sort_by_length": bool(s.get("sort_by_length")), "gpus": requested_gpus(s.get("resources") or {}),
+                # each set's inputs digest: its keys, records, audio, upstream merge, code and provider config
+                "sets": {ds: self.inputs[stage, ds] for ds in s["datasets"]}}
+        ignored = set(s.get("fingerprint_ignore") or ())  # provider_config keys that change no result
+        result = {**spec, "provider_config": {k: v for k, v in spec["provider_config"].items() if k not in ignored},
+                  "fingerprint_ignore": None,
+                  "loop": {k: v for k, v in spec["loop"].items() if k != "checkpoint"}, "version": __version__}
         spec["fingerprint"] = digest(json.dumps(result, sort_keys=True))
         write_if_changed(Path(out) / TRAIN_SPEC, json.dumps(spec, indent=1, sort_keys=True) + "\n")
         upstream = [f"{set_dir(self.config, *self.upstream[stage, ds])}/merged.json"

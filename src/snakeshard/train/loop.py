@@ -7,7 +7,10 @@ batches=..., split_env=...)``
 runs them in an order seeded by (seed, epoch); ``valid_batches`` likewise, run in their order. Without them, each epoch permutes the keys and cuts them into
 ``batch_size`` batches. ``split_env``: env entries for one split only (``{"train": {...}, "valid": {...}}``,
 e.g. each split's ``dataset``), given to that split's steps on top of ``env``. ``on_line``: called with each
-line written to steps.jsonl (a job's log prints the epochs' lines).
+line written to steps.jsonl (a job's log prints the epochs' lines). ``inputs``: what ``fingerprint`` digests, in
+words (a stage's provider config, datasets, code digests): a refused resume names the entries that differ.
+A checkpoint of a run that finished, under another config or fingerprint, is no run to resume: it is removed and
+training starts over (the stage asked for a new model).
 
 The config (every key optional)::
 
@@ -39,8 +42,10 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -165,7 +170,7 @@ def _json_value(value):
 def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict | None = None,
           run_dir: str | os.PathLike = ".", *, fingerprint: str = "", restart: bool = False,
           batches: list[list[str]] | None = None, valid_batches: list[list[str]] | None = None,
-          split_env: dict | None = None, on_line=None) -> TrainResult:
+          split_env: dict | None = None, on_line=None, inputs: dict | None = None) -> TrainResult:
     import torch
 
     cfg = _config(config)
@@ -209,12 +214,20 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     loaded = manager.load_latest()
     if loaded is not None:
         ck, resumed_from = loaded
-        diff = config_diff(ck.get("config", {}), cfg)
-        if diff or ck.get("fingerprint") != fingerprint:
+        diff = config_diff(ck.get("config", {}), cfg) + config_diff(ck.get("inputs") or {}, inputs or {})
+        if (diff or ck.get("fingerprint") != fingerprint) and ck["progress"]["finished"]:
+            print(f"{resumed_from}: a finished run of another config or data ({'; '.join(diff) or 'fingerprint '}"
+                  f"{'' if diff else ck.get('fingerprint')}); training starts over", file=sys.stderr, flush=True)
+            shutil.rmtree(ckdir)
+            log_path.unlink(missing_ok=True)
+            loaded = resumed_from = None
+        elif diff or ck.get("fingerprint") != fingerprint:
             what = (f"the config differs ({'; '.join(diff)})" if diff else
                     f"the inputs differ (fingerprint {ck.get('fingerprint')!r} in the checkpoint, {fingerprint!r} now)")
-            raise ResumeRefused(f"{resumed_from} was written by another run: {what}. To start over, delete "
-                                f"{ckdir} (and {log_path}) or pass restart; to resume, use the config it was written with")
+            raise ResumeRefused(f"{resumed_from} was written by an unfinished run of another config or data: {what}. "
+                                f"To resume it, go back to that config and data; to start over, delete its checkpoints: "
+                                f"rm -r {shlex.quote(str(ckdir))} {shlex.quote(str(log_path))}")
+    if loaded is not None:
         model.load_state_dict(ck["model"])
         optimizer.load_state_dict(ck["optimizer"])
         if scheduler is not None and ck.get("scheduler") is not None:
@@ -240,7 +253,8 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                      "scheduler": scheduler.state_dict() if scheduler is not None else None,
                      "progress": dict(p), "rng": rng.capture(), "meters": meters.state(),
-                     "log_bytes": log.tell(), "config": cfg, "fingerprint": fingerprint, "versions": _versions(),
+                     "log_bytes": log.tell(), "config": cfg, "fingerprint": fingerprint, "inputs": inputs,
+                     "versions": _versions(),
                      "runner": name}
             manager.save(state, step=p["step"], best=best)
 

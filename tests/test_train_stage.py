@@ -1,0 +1,337 @@
+"""The training stage in real snakemake runs (tests/train_project.py: fbank -> stats -> train -> infer -> score).
+
+What each bad input does is said in its test: a feature dimension the model does not take, keys without labels,
+an empty valid set, a non-finite loss (with and without skip_nonfinite), a train_step without a loss, a stale
+upstream merge, and config mistakes at parse. Kill -9, SIGTERM and a corrupted latest.pt between reruns end with
+the weights, steps.jsonl and metrics.json of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import copy_workflow, run_cli, run_snakemake, wait_for
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).parent))
+import train_project  # noqa: E402
+
+TRAINED = "results/train/feats_train"
+TRAIN_TARGET = f"{TRAINED}/done"
+
+
+def make_project(root: Path, **overrides) -> Path:
+    wd = copy_workflow(root)
+    train_project.write_tones(wd)
+    (wd / "tones.py").write_text(train_project.MODULE)
+    write(wd, train_project.config(**overrides))
+    return wd
+
+
+def write(wd: Path, config: dict) -> None:
+    (wd / "config/config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def set_training(wd: Path, **changes) -> dict:
+    """Change the training stage's config (provider_config keys go under provider_config)."""
+    config = yaml.safe_load((wd / "config/config.yaml").read_text())
+    stage = config["stages"]["train"]
+    for key, value in changes.items():
+        if key in ("threads", "step_delay", "no_rng_restore", "nan_on_key", "no_loss", "hidden", "lr", "num_mel_bins"):
+            stage["provider_config"][key] = value
+        elif value is None:
+            stage.pop(key, None)
+        else:
+            stage[key] = value
+    write(wd, config)
+    return config
+
+
+def outputs(wd: Path) -> dict:
+    trained = wd / TRAINED
+    model = torch.load(trained / "model.pt", weights_only=False)
+    return {"weights": model["model"], "steps": (trained / "steps.jsonl").read_bytes(),
+            "metrics": (trained / "metrics.json").read_bytes()}
+
+
+def assert_same_training(got: dict, want: dict) -> None:
+    assert got["weights"].keys() == want["weights"].keys()
+    for name in want["weights"]:
+        assert torch.equal(got["weights"][name], want["weights"][name]), name
+    assert got["steps"] == want["steps"]  # every step's loss, lr and accuracy
+    assert got["metrics"] == want["metrics"]
+
+
+def steps_done(wd: Path) -> int:
+    log = wd / TRAINED / "steps.jsonl"
+    return sum(1 for line in log.read_text().splitlines() if '"lr"' in line) if log.exists() else 0
+
+
+def train_process(wd: Path):
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        cmd = proc.info["cmdline"] or []
+        if "train" in cmd and "--spec" in cmd and proc.info["cwd"] == str(wd):
+            return proc
+    return None
+
+
+def interrupt_at(wd: Path, step: int, sig: int) -> subprocess.CompletedProcess:
+    """Run the training target; once ``step`` steps are logged, send ``sig`` to the training job; wait for snakemake."""
+    cmd = [sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2", TRAIN_TARGET]
+    driver = subprocess.Popen(cmd, cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: steps_done(wd) >= step or driver.poll() is not None, 180, f"step {step}")
+        proc = train_process(wd)
+        assert proc is not None and driver.poll() is None, "the training job ended before it could be interrupted"
+        proc.send_signal(sig)
+        out, _ = driver.communicate(timeout=180)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    return subprocess.CompletedProcess(cmd, driver.returncode, out, "")
+
+
+_REFERENCE: dict[int, dict] = {}
+
+
+def reference(tmp_path_factory, threads: int) -> dict:
+    """An uninterrupted run's training outputs (per torch thread count), computed once per session."""
+    if threads not in _REFERENCE:
+        wd = make_project(tmp_path_factory.mktemp(f"reference{threads}"))
+        set_training(wd, threads=threads)
+        result = run_snakemake(wd, TRAIN_TARGET)
+        assert result.returncode == 0, result.stderr[-3000:]
+        _REFERENCE[threads] = outputs(wd)
+    return _REFERENCE[threads]
+
+
+def test_train_infer_score_then_a_model_change_reruns_training_inference_and_scoring_only(tmp_path):
+    wd = make_project(tmp_path / "p")
+    dry = run_snakemake(wd, "-n")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "train_train" in dry.stdout and "shard_infer" in dry.stdout
+    result = run_snakemake(wd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    trained = wd / TRAINED
+    spec = json.loads((trained / "train.json").read_text())
+    done = json.loads((trained / "done").read_text())
+    assert done["fingerprint"] == spec["fingerprint"] and done["steps"] == 48 and done["epochs"] == 4
+    metrics = json.loads((trained / "metrics.json").read_text())
+    assert [e["epoch"] for e in metrics["per_epoch"]] == [0, 1, 2, 3] and metrics["model_from"] == "best.pt"
+    assert metrics["score"]["name"] == "acc" and metrics["score"]["best"] == max(e["score"] for e in metrics["per_epoch"])
+    assert metrics["per_epoch"][0]["train_state"]["meters"]["loss"]["count"] == 96  # every train key once
+    model = torch.load(trained / "model.pt", weights_only=False)
+    assert model["epoch"] == metrics["score"]["best_epoch"] + 1 and model["stats"] == "results/stats/feats_train"
+    assert (trained / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in (trained / "checkpoints").iterdir()) == ["best.pt", "history", "latest.pt"]
+    log = (trained / "logs/train.log").read_text()
+    assert "96 train keys, 24 valid keys" in log and "epoch 3 (step 48): train loss" in log
+    # inference from the best weights, then its accuracy over the 24 test tones
+    predicted = (wd / "results/infer/feats_test/label").read_text().splitlines()
+    assert len(predicted) == 24
+    scored = json.loads((wd / "results/score/predicted/metrics.json").read_text())
+    assert scored["metrics"]["classification"]["value"]["accuracy"] >= 0.9
+
+    assert "Nothing to be done" in run_snakemake(wd, "-n").stdout
+    set_training(wd, hidden=16)  # the model's config only
+    dry = run_snakemake(wd, "-n")
+    for rule in ("train_train", "shard_infer", "shard_score"):
+        assert rule in dry.stdout
+    for rule in ("shard_fbank", "shard_stats"):
+        assert rule not in dry.stdout  # data, features and statistics are kept
+    result = run_snakemake(wd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (trained / "logs/train.log").read_text()
+    assert "a finished run of another config or data" in log and "training starts over" in log
+    assert json.loads((trained / "done").read_text())["fingerprint"] != done["fingerprint"]
+    assert torch.load(trained / "model.pt", weights_only=False)["model"]["0.weight"].shape == (16, 40)
+
+
+def test_kill_9_sigterm_and_a_corrupt_latest_pt_end_with_an_uninterrupted_runs_result(tmp_path, tmp_path_factory):
+    want = reference(tmp_path_factory, threads=1)
+    wd = make_project(tmp_path / "p", step_delay=0.1)
+    first, second = sorted(random.sample(range(3, 40), 2))
+    killed = interrupt_at(wd, first, signal.SIGKILL)
+    assert killed.returncode != 0 and "Error in rule train_train" in killed.stdout
+    assert not (wd / TRAINED / "done").exists() and not (wd / TRAINED / "model.pt").exists()
+    stopped = interrupt_at(wd, max(second, steps_done(wd) + 2), signal.SIGTERM)
+    assert stopped.returncode != 0
+    log = (wd / TRAINED / "logs/train.log").read_text()
+    assert "SIGTERM: stopped at step" in log and "rerun to resume" in log, log[-2000:]
+    assert "exit status 75" in stopped.stdout
+    (wd / TRAINED / "checkpoints/latest.pt").write_bytes(b"not a checkpoint")  # a disk that lost it
+    result = run_snakemake(wd, TRAIN_TARGET)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (wd / TRAINED / "logs/train.log").read_text()
+    assert "latest.pt" in log and "history/step-" in log  # the fallback, said
+    assert_same_training(outputs(wd), want)
+
+
+def test_kill_9_twice_with_two_torch_threads_ends_with_an_uninterrupted_runs_result(tmp_path, tmp_path_factory):
+    want = reference(tmp_path_factory, threads=2)
+    wd = make_project(tmp_path / "p", step_delay=0.1)
+    set_training(wd, threads=2)
+    first, second = sorted(random.sample(range(3, 44), 2))
+    for step in (first, max(second, first + 2)):
+        assert interrupt_at(wd, max(step, steps_done(wd) + 1), signal.SIGKILL).returncode != 0
+    result = run_snakemake(wd, TRAIN_TARGET)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from" in (wd / TRAINED / "logs/train.log").read_text()
+    assert_same_training(outputs(wd), want)
+
+
+def test_negative_control_a_resume_without_the_rng_states_is_caught(tmp_path, tmp_path_factory):
+    """The comparison above would fail if the RNG states were not restored: dropout and augmentation draw again."""
+    want = reference(tmp_path_factory, threads=1)
+    wd = make_project(tmp_path / "p", step_delay=0.1)
+    set_training(wd, no_rng_restore=True)
+    assert interrupt_at(wd, 15, signal.SIGKILL).returncode != 0
+    assert run_snakemake(wd, TRAIN_TARGET).returncode == 0
+    got = outputs(wd)
+    assert not all(torch.equal(got["weights"][n], want["weights"][n]) for n in want["weights"])
+    assert got["steps"] != want["steps"]
+
+
+def test_an_unfinished_run_whose_config_changed_is_refused_naming_it_and_starts_clean_when_asked(tmp_path):
+    wd = make_project(tmp_path / "p", step_delay=0.1)
+    assert interrupt_at(wd, 10, signal.SIGKILL).returncode != 0
+    set_training(wd, lr=0.02)
+    result = run_snakemake(wd, TRAIN_TARGET)
+    assert result.returncode != 0
+    line = next(line for line in result.stdout.splitlines() + result.stderr.splitlines()
+                if line.startswith("snakeshard: error:"))
+    assert "unfinished run of another config or data" in line and "provider_config.lr: 0.01 -> 0.02" in line
+    assert f"rm -r {TRAINED}/checkpoints {TRAINED}/steps.jsonl" in line
+    subprocess.run(["rm", "-r", f"{TRAINED}/checkpoints", f"{TRAINED}/steps.jsonl"], cwd=wd, check=True)
+    result = run_snakemake(wd, TRAIN_TARGET)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from" not in (wd / TRAINED / "logs/train.log").read_text()
+
+
+def error_line(result: subprocess.CompletedProcess) -> str:
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("snakeshard: error:")]
+    assert lines, (result.stdout + result.stderr)[-3000:]
+    return lines[0]
+
+
+def test_bad_inputs_fail_the_training_job_naming_what_and_where_and_keep_what_was_computed(tmp_path):
+    wd = make_project(tmp_path / "p", epochs=2)
+    fbank_log = wd / "results/fbank/train/logs/split.0.log"
+
+    # the model takes 2 x 40 inputs, the fbank stage gives 20 bins: the first step names keys and shapes
+    set_training(wd, num_mel_bins=40)
+    result = run_snakemake(wd, TRAIN_TARGET)
+    line = error_line(result)
+    assert "tones.TonesRunner.train_step failed at step 1 (epoch 0, batch 0) on keys ['train-" in line
+    assert "mat1 and mat2 shapes cannot be multiplied (8x40 and 80x32)" in line
+    fbank_made = fbank_log.stat().st_mtime
+    set_training(wd, num_mel_bins=20)
+
+    # a NaN loss: stops naming step and keys; with skip_nonfinite the batch is skipped and logged
+    set_training(wd, nan_on_key="train-2-005")
+    line = error_line(run_snakemake(wd, TRAIN_TARGET))
+    assert "train_step: loss nan at step" in line and "'train-2-005'" in line and "skip_nonfinite" in line
+    set_training(wd, skip_nonfinite=True)
+    subprocess.run(["rm", "-rf", f"{TRAINED}/checkpoints", f"{TRAINED}/steps.jsonl"], cwd=wd, check=True)
+    assert run_snakemake(wd, TRAIN_TARGET).returncode == 0
+    skipped = [json.loads(line) for line in (wd / TRAINED / "steps.jsonl").read_text().splitlines()
+               if "skipped_nonfinite" in line]
+    assert len(skipped) == 2 and all("train-2-005" in s["skipped_nonfinite"][0] for s in skipped)  # once per epoch
+    set_training(wd, nan_on_key=None, skip_nonfinite=None)
+    config = yaml.safe_load((wd / "config/config.yaml").read_text())
+    config["stages"]["train"]["provider_config"].pop("nan_on_key")
+    write(wd, config)
+
+    # a train_step that returns no loss
+    set_training(wd, no_loss=True)
+    line = error_line(run_snakemake(wd, TRAIN_TARGET))
+    assert "tones.TonesRunner.train_step returned ['acc']: it must return a dict with 'loss'" in line
+    config = yaml.safe_load((wd / "config/config.yaml").read_text())
+    config["stages"]["train"]["provider_config"].pop("no_loss")
+    write(wd, config)
+
+    # keys without a label: named before the first step, with the dataset and its dir
+    text = wd / "data/train/text"
+    kept = text.read_text().splitlines()
+    text.write_text("\n".join(line for line in kept if not line.startswith(("train-1-002", "train-3-010"))) + "\n")
+    line = error_line(run_snakemake(wd, TRAIN_TARGET))
+    assert ("stages.train.labels: 2 of 96 keys of dataset 'feats_train' (data/train) have no 'text': "
+            "'train-1-002', 'train-3-010'") in line
+    text.write_text("\n".join(kept) + "\n")
+    assert fbank_log.stat().st_mtime == fbank_made  # no feature was computed again
+
+    assert run_snakemake(wd, TRAIN_TARGET).returncode == 0
+
+
+def test_a_stale_upstream_merge_is_refused_by_the_training_job(tmp_path):
+    wd = make_project(tmp_path / "p", epochs=1)
+    assert run_snakemake(wd, TRAIN_TARGET).returncode == 0
+    config = yaml.safe_load((wd / "config/config.yaml").read_text())
+    config["stages"]["fbank"]["provider_config"]["num_mel_bins"] = 24
+    write(wd, config)
+    assert run_snakemake(wd, "-n").returncode == 0  # the parse writes the new plan and train.json
+    spec = json.loads((wd / TRAINED / "train.json").read_text())
+    result = run_cli(wd, "train", "--spec", f"{TRAINED}/train.json", "--fingerprint", spec["fingerprint"])
+    assert result.returncode == 1
+    assert "results/fbank/train: the merged output is stale" in error_line(result)
+
+
+def test_an_empty_valid_set_is_refused_naming_the_key(tmp_path):
+    wd = make_project(tmp_path / "p", epochs=1)
+    for name in ("wav.scp", "text", "utt2spk"):
+        (wd / "data/valid" / name).write_text("")
+    result = run_snakemake(wd, TRAIN_TARGET)
+    assert result.returncode != 0
+    assert "valid" in error_line(result)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda c: c["stages"]["infer"].update(from_stage="fbank"),
+     "stages.infer.from_stage: 'fbank' is not a training stage (training stages: ['train'])"),
+    (lambda c: c["stages"]["train"].update(valid="feats_train"),
+     "stages.train.valid: the same dataset as train ('feats_train'); give a held-out one"),
+    (lambda c: c["stages"]["infer"].update(workers=2),
+     "stages.infer.workers: an inference stage from a trained model runs in the shard job's own process"),
+    (lambda c: c["stages"]["fbank"].update(epochs=3),
+     "stages.fbank.epochs: only for a training stage (one with train: <dataset>)"),
+    (lambda c: c["stages"]["train"].update(sharding={"num_shards": 2}),
+     "stages.train.sharding: not for a training stage"),
+    (lambda c: c["stages"]["train"].update(stats={"from_stage": "stats", "dataset": "feats_valid"}),
+     "stages.train.stats.dataset: stage 'stats' runs over ['feats_train'], not 'feats_valid'"),
+    (lambda c: c["stages"]["train"].pop("valid"),
+     "stages.train.score.split: 'valid' (the default) needs a valid: dataset"),
+])
+def test_training_config_mistakes_fail_the_parse_naming_the_key(tmp_path, monkeypatch, change, message):
+    from snakeshard.errors import ConfigError
+    from snakeshard.workflow import validate_config
+
+    (tmp_path / "tones.py").write_text(train_project.MODULE)  # the parse finds the runner's module
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = train_project.config()
+    change(config)
+    with pytest.raises(ConfigError) as error:
+        validate_config(config)
+    assert message in str(error.value)
+
+
+def test_a_training_steps_must_be_staticmethods_checked_at_parse(tmp_path):
+    wd = make_project(tmp_path / "p")
+    module = wd / "tones.py"
+    module.write_text(module.read_text().replace("    @staticmethod\n    def evaluate_step", "    def evaluate_step"))
+    result = run_snakemake(wd, "-n")
+    assert result.returncode != 0
+    assert "tones.TonesRunner.evaluate_step (" in error_line(result) and "must be a @staticmethod" in error_line(result)
+    time.sleep(0)  # parse only: nothing ran
+    assert not (wd / "results/fbank/train/merged.json").exists()
