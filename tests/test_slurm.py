@@ -254,3 +254,51 @@ def test_driver_killed_then_its_jobs_cancelled_by_run_id_and_one_rerun_submits_e
                          for log in submitted(rerun.stdout + rerun.stderr).values() if "rule_shard_upper" in log)
     assert resubmitted == missing
     assert (toy_workdir / TOY / "text").read_text().splitlines() == [f"utt{i:03d} UTT{i:03d}" for i in range(40)]
+
+
+def _training_job_id(workdir: Path) -> str | None:
+    """The SLURM job id of the training stage's running job (its comment names the rule)."""
+    out = subprocess.run(["squeue", "--me", "-h", "-O", "JobID:12,Comment:60,State:12"], capture_output=True,
+                         text=True).stdout
+    running = [line.split()[0] for line in out.splitlines() if "rule_train_train" in line and "RUNNING" in line]
+    return running[0] if running else None
+
+
+def test_training_stopped_by_scancel_signal_term_and_by_its_time_limit_resumes_to_the_local_result(
+        tmp_path, tmp_path_factory):
+    """`scancel --signal=TERM` on the training job: it checkpoints and exits 75, Snakemake's retry resumes it. Then a
+    runtime shorter than the training with SIGTERM asked for ahead of the limit (checkpoint.signal_seconds): each
+    attempt checkpoints before SLURM's limit, the next one (longer runtime) resumes. Both end with the weights and
+    steps of an uninterrupted local run."""
+    from test_train_stage import (TRAIN_TARGET, TRAINED, assert_same_training, make_project, outputs, reference,
+                                  set_training, steps_done)
+
+    want = reference(tmp_path_factory, threads=1)
+    wd = make_project(tmp_path / "p", step_delay=0.25)
+    set_training(wd, retries=2)
+    driver = subprocess.Popen(slurm_command(TRAIN_TARGET, limit=400), cwd=wd, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 300
+        while steps_done(wd) < 8 and driver.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        job = _training_job_id(wd)
+        assert job is not None and driver.poll() is None, "the training job ended before it could be signalled"
+        subprocess.run(["scancel", "--signal=TERM", job], check=True)
+        out, _ = driver.communicate(timeout=400)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 0, out[-3000:]
+    assert "resumed from" in (wd / TRAINED / "logs/train.log").read_text()
+    assert_same_training(outputs(wd), want)
+
+    # a 1-minute limit, SIGTERM asked for 50 s before it (SLURM may send it up to a minute early), ~24 s of steps
+    wd = make_project(tmp_path / "q", step_delay=0.5)
+    set_training(wd, retries=3, resources={"runtime": 1}, checkpoint={"interval": 2, "signal_seconds": 50})
+    run = run_slurm(wd, TRAIN_TARGET, limit=500)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    jobs = submitted(run.stdout + run.stderr)
+    assert len(jobs) >= 2, "no attempt was stopped before its time limit"
+    assert "resumed from" in (wd / TRAINED / "logs/train.log").read_text()
+    assert_same_training(outputs(wd), want)

@@ -108,7 +108,7 @@ _REFERENCE: dict[int, dict] = {}
 def reference(tmp_path_factory, threads: int) -> dict:
     """An uninterrupted run's training outputs (per torch thread count), computed once per session."""
     if threads not in _REFERENCE:
-        wd = make_project(tmp_path_factory.mktemp(f"reference{threads}"))
+        wd = make_project(tmp_path_factory.mktemp(f"reference{threads}") / "p")
         set_training(wd, threads=threads)
         result = run_snakemake(wd, TRAIN_TARGET)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -144,6 +144,8 @@ def test_train_infer_score_then_a_model_change_reruns_training_inference_and_sco
     assert scored["metrics"]["classification"]["value"]["accuracy"] >= 0.9
 
     assert "Nothing to be done" in run_snakemake(wd, "-n").stdout
+    status = run_cli(wd, "status").stdout
+    assert f"stage train (training), dataset feats_train: done  48 steps, 4 epochs, best score" in status
     set_training(wd, hidden=16)  # the model's config only
     dry = run_snakemake(wd, "-n")
     for rule in ("train_train", "shard_infer", "shard_score"):
@@ -165,6 +167,8 @@ def test_kill_9_sigterm_and_a_corrupt_latest_pt_end_with_an_uninterrupted_runs_r
     killed = interrupt_at(wd, first, signal.SIGKILL)
     assert killed.returncode != 0 and "Error in rule train_train" in killed.stdout
     assert not (wd / TRAINED / "done").exists() and not (wd / TRAINED / "model.pt").exists()
+    status = run_cli(wd, "status").stdout
+    assert "stage train (training), dataset feats_train: interrupted  " in status and "snakemake resumes from it" in status
     stopped = interrupt_at(wd, max(second, steps_done(wd) + 2), signal.SIGTERM)
     assert stopped.returncode != 0
     log = (wd / TRAINED / "logs/train.log").read_text()
@@ -196,7 +200,7 @@ def test_negative_control_a_resume_without_the_rng_states_is_caught(tmp_path, tm
     want = reference(tmp_path_factory, threads=1)
     wd = make_project(tmp_path / "p", step_delay=0.1)
     set_training(wd, no_rng_restore=True)
-    assert interrupt_at(wd, 15, signal.SIGKILL).returncode != 0
+    assert interrupt_at(wd, 5, signal.SIGKILL).returncode != 0  # in epoch 0, whose weights best.pt keeps here
     assert run_snakemake(wd, TRAIN_TARGET).returncode == 0
     got = outputs(wd)
     assert not all(torch.equal(got["weights"][n], want["weights"][n]) for n in want["weights"])

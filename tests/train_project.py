@@ -109,7 +109,8 @@ def config(epochs: int = 4, step_delay: float = 0.0, **training) -> dict:
             "fbank": {"runner": "snakeshard.runners.fbank.FbankRunner",
                       "provider": "snakeshard.runners.fbank.FbankProvider",
                       "provider_config": {"num_mel_bins": 20},
-                      "datasets": list(SPLITS), "sample_rate": RATE, "sharding": {"num_shards": 2}},
+                      "datasets": list(SPLITS), "sample_rate": RATE, "sharding": {"num_shards": 2},
+                      "fingerprint": {"records": ["wav.scp", "segments"]}},  # fbank reads no label
             "stats": {"runner": "snakeshard.runners.CollectStatsRunner",
                       "provider": "snakeshard.runners.CollectStatsProvider",
                       "provider_config": {"frontend": "upstream"}, "datasets": ["feats_train"],

@@ -190,6 +190,12 @@ def cmd_status(args) -> int:
             if state == "failed":
                 print(f"      log {log}:\n{detail}")
         print("  merged: " + merged_line(merged, base, stage, bool(counts.get("removed"))))
+    for stage, training in wf.trainings.items():
+        from snakeshard.train.stage import training_state
+
+        state, detail = training_state(training)
+        counts[state] = counts.get(state, 0) + 1
+        print(f"stage {stage} (training), dataset {wf.config['stages'][stage]['train']}: {state}  {detail}".rstrip())
     print("summary: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     return 0
 

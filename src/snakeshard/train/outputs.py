@@ -24,7 +24,9 @@ def write_outputs(run_dir: Path, spec: dict, result) -> None:
     epochs = [line for line in lines if "train" in line]
     source = _write_model(run_dir, spec, result)
     score = spec["loop"].get("score")
-    metrics = {"stage": spec["stage"], "fingerprint": spec["fingerprint"], "steps": result.step,
+    # no fingerprint here (it is in done and model.pt): it takes in the audio files' mtimes, and metrics.json is
+    # what two runs over the same data compare
+    metrics = {"stage": spec["stage"], "steps": result.step,
                "epochs": result.epoch, "stopped_early": result.stopped_early, "model_from": source,
                "score": None if score is None else {**score, "best": result.best_score, "best_epoch": result.best_epoch},
                "per_epoch": epochs}

@@ -158,3 +158,31 @@ def _print_epoch(line: dict) -> None:
 
 def _values(values: dict) -> str:
     return " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {json.dumps(v)}" for k, v in values.items())
+
+
+def training_state(training: dict) -> tuple[str, str]:
+    """(state, detail) of a training stage for ``snakeshard status``: done, stale, failed, interrupted or pending,
+    read from its done, log, steps.jsonl and checkpoint names (no checkpoint is loaded)."""
+    run_dir = Path(training["dir"])
+    try:
+        done = json.loads((run_dir / DONE).read_text())
+    except (OSError, ValueError):
+        done = None
+    if done is not None and done.get("fingerprint") == training["fingerprint"]:
+        best = f", best score {done['best_score']:.6g} (epoch {done['best_epoch']})" if done.get("best_score") is not None else ""
+        return "done", f"{done['steps']} steps, {done['epochs']} epochs{best}"
+    steps_log = run_dir / "steps.jsonl"
+    steps = sum(1 for line in steps_log.read_text().splitlines() if '"lr"' in line) if steps_log.exists() else 0
+    history = sorted((int(p.stem.partition("-")[2]) for p in (run_dir / "checkpoints/history").glob("step-*.pt")),
+                     reverse=True) if (run_dir / "checkpoints/history").is_dir() else []
+    where = f"{steps} steps logged" + (f", newest checkpoint at step {history[0]}" if history else "")
+    log = run_dir / "logs/train.log"
+    errors = [line for line in log.read_text(errors="replace").splitlines()
+              if line.startswith("snakeshard: error:")] if log.exists() else []
+    if errors:
+        return "failed", f"{where} (log {log}): {errors[-1]}"
+    if done is not None:
+        return "stale", "trained with another config or data; snakemake trains again" + (f" ({where})" if steps else "")
+    if steps:
+        return "interrupted", f"{where}; snakemake resumes from it"
+    return "pending", ""
