@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import copy_workflow, run_cli, run_snakemake, wait_for
+from conftest import PROJECT, copy_workflow, run_cli, run_snakemake, wait_for
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).parent))
@@ -117,7 +117,14 @@ def reference(tmp_path_factory, threads: int) -> dict:
 
 
 def test_train_infer_score_then_a_model_change_reruns_training_inference_and_scoring_only(tmp_path):
+    """The README's training example (its tones.py and its train and infer stages) as written, and its output."""
+    from test_readme import readme_block
+
     wd = make_project(tmp_path / "p")
+    (wd / "tones.py").write_text(readme_block("python", "# tones.py"))
+    config = train_project.config()
+    config["stages"].update(yaml.safe_load(readme_block("yaml", "  train:")))
+    write(wd, config)
     dry = run_snakemake(wd, "-n")
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "train_train" in dry.stdout and "shard_infer" in dry.stdout
@@ -145,7 +152,11 @@ def test_train_infer_score_then_a_model_change_reruns_training_inference_and_sco
 
     assert "Nothing to be done" in run_snakemake(wd, "-n").stdout
     status = run_cli(wd, "status").stdout
-    assert f"stage train (training), dataset feats_train: done  48 steps, 4 epochs, best score" in status
+    readme = (PROJECT / "README.md").read_text()
+    start = readme.index("```\n$ tail -2 results/train/feats_train/logs/train.log\n") + 4
+    shown = readme[start:readme.index("```", start)].splitlines()
+    assert shown[1:3] == log.splitlines()[-2:]
+    assert shown[3] == "$ snakeshard status | grep training" and shown[4] in status.splitlines()
     set_training(wd, hidden=16)  # the model's config only
     dry = run_snakemake(wd, "-n")
     for rule in ("train_train", "shard_infer", "shard_score"):
