@@ -247,7 +247,10 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
         if p["finished"]:
             return _result(p, manager, resumed_from)
 
+        saved_step = None  # the step of the newest checkpoint this call wrote
+
         def save(best: bool = False) -> None:
+            nonlocal saved_step
             log.flush()
             os.fsync(log.fileno())
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -257,6 +260,7 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
                      "versions": _versions(),
                      "runner": name}
             manager.save(state, step=p["step"], best=best)
+            saved_step = p["step"]
 
         def write(line: dict) -> None:
             log.write((json.dumps(line) + "\n").encode())
@@ -338,6 +342,8 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
                     break
                 best = _end_epoch(runner_cls, name, p, score, meters, valid_batches, eval_kwargs, model, write)
                 meters = _meters_from(None)
+                if (epochs is not None and p["epoch"] >= epochs) or (max_steps is not None and p["step"] >= max_steps):
+                    p["finished"] = True  # this save is the last (bench/RESULTS.md 14: one save fewer per run)
                 save(best=best)
                 last_save = time.monotonic()
                 if stop["signal"] and not p["finished"]:  # a signal during evaluation
@@ -345,7 +351,8 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
                         f"{stop['signal']}: stopped after epoch {p['epoch'] - 1} (step {p['step']}), checkpoint "
                         f"{manager.latest}; rerun to resume", signal_name=stop["signal"], step=p["step"],
                         checkpoint=manager.latest)
-            save()
+            if not (p["finished"] and saved_step == p["step"]):
+                save()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
