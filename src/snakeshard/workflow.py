@@ -41,8 +41,8 @@ FINGERPRINTS_FILE = "fingerprints.json"  # beside plan.json: what the merge and 
 # The methods jobs call on a runner class with a key or batch first and env entries by name: a shard stage's
 # forward, a training stage's steps (snakeshard.train.TorchRunner)
 STEP_METHODS = ("forward", "train_step", "evaluate_step", "infer_step")
-TRAIN_SPEC = "train.json"
-SIGNAL_SECONDS = 120  # a training job's SIGTERM before its SLURM time limit: a checkpoint takes seconds, not minutes  # a training stage's spec, in its train set's dir (what its job reads)
+TRAIN_SPEC = "train.json"  # a training stage's spec, in its train set's dir (what its job reads)
+SIGNAL_SECONDS = 120  # a training job's SIGTERM before its SLURM time limit: a checkpoint takes seconds, not minutes
 
 
 @contextlib.contextmanager
