@@ -1,11 +1,11 @@
 """The training loop: deterministic batch order, checkpoints at step boundaries, exact resume.
 
 ``train(runner_cls, env, train_keys, valid_keys, config, run_dir, fingerprint=..., restart=...,
-batches=..., split_env=...)``
+batches=..., valid_batches=..., split_env=..., on_line=..., inputs=...)``
 
 ``batches``: the train batches as lists of keys, fixed for the run (e.g. grouped by length); each epoch then
-runs them in an order seeded by (seed, epoch); ``valid_batches`` likewise, run in their order. Without them, each epoch permutes the keys and cuts them into
-``batch_size`` batches. ``split_env``: env entries for one split only (``{"train": {...}, "valid": {...}}``,
+runs them in an order seeded by (seed, epoch); ``valid_batches`` likewise, run in their order. Without them,
+each epoch permutes the keys and cuts them into ``batch_size`` batches. ``split_env``: env entries for one split only (``{"train": {...}, "valid": {...}}``,
 e.g. each split's ``dataset``), given to that split's steps on top of ``env``. ``on_line``: called with each
 line written to steps.jsonl (a job's log prints the epochs' lines). ``inputs``: what ``fingerprint`` digests, in
 words (a stage's provider config, datasets, code digests): a refused resume names the entries that differ.
@@ -178,8 +178,7 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     ckdir = run_dir / "checkpoints"
     log_path = run_dir / "steps.jsonl"
     if restart:
-        shutil.rmtree(ckdir, ignore_errors=True)
-        log_path.unlink(missing_ok=True)
+        _start_over(ckdir, log_path)
     run_dir.mkdir(parents=True, exist_ok=True)
     name = runner_name(runner_cls)
     for needed in ("model", "optimizer"):
@@ -215,15 +214,14 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     if loaded is not None:
         ck, resumed_from = loaded
         diff = config_diff(ck.get("config", {}), cfg) + config_diff(ck.get("inputs") or {}, inputs or {})
+        what = (f"the config differs ({'; '.join(diff)})" if diff else
+                f"the inputs differ (fingerprint {ck.get('fingerprint')!r} in the checkpoint, {fingerprint!r} now)")
         if (diff or ck.get("fingerprint") != fingerprint) and ck["progress"]["finished"]:
-            print(f"{resumed_from}: a finished run of another config or data ({'; '.join(diff) or 'fingerprint '}"
-                  f"{'' if diff else ck.get('fingerprint')}); training starts over", file=sys.stderr, flush=True)
-            shutil.rmtree(ckdir)
-            log_path.unlink(missing_ok=True)
+            print(f"{resumed_from}: a finished run of another config or data ({what}); training starts over",
+                  file=sys.stderr, flush=True)
+            _start_over(ckdir, log_path)
             loaded = resumed_from = None
         elif diff or ck.get("fingerprint") != fingerprint:
-            what = (f"the config differs ({'; '.join(diff)})" if diff else
-                    f"the inputs differ (fingerprint {ck.get('fingerprint')!r} in the checkpoint, {fingerprint!r} now)")
             raise ResumeRefused(f"{resumed_from} was written by an unfinished run of another config or data: {what}. "
                                 f"To resume it, go back to that config and data; to start over, delete its checkpoints: "
                                 f"rm -r {shlex.quote(str(ckdir))} {shlex.quote(str(log_path))}")
@@ -357,6 +355,12 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     return _result(p, manager, resumed_from)
+
+
+def _start_over(ckdir: Path, log_path: Path) -> None:
+    """Remove a run's checkpoints and its steps.jsonl: the next step is the first."""
+    shutil.rmtree(ckdir, ignore_errors=True)
+    log_path.unlink(missing_ok=True)
 
 
 def _end_epoch(runner_cls, name, p, score, meters, valid_batches, eval_kwargs, model, write) -> bool:
