@@ -95,6 +95,16 @@ def _check_training(where: str, stage: dict, datasets: dict, stages: dict) -> No
     stage["sharding"] = {"num_shards": 1}
 
 
+def result_inputs(spec: dict) -> dict:
+    """What a training stage's result depends on besides the loop config, from its spec (train.json): the spec
+    less loop, fingerprint and fingerprint_ignore, with provider_config less its fingerprint_ignore keys. The
+    workflow digests it into the fingerprint; a refused resume names the entries that differ."""
+    ignored = set(spec.get("fingerprint_ignore") or ())
+    inputs = {k: v for k, v in spec.items() if k not in ("loop", "fingerprint", "fingerprint_ignore")}
+    inputs["provider_config"] = {k: v for k, v in spec["provider_config"].items() if k not in ignored}
+    return inputs
+
+
 def loop_config(stage: dict) -> dict:
     """The training loop's config (loop.DEFAULTS' keys) from a training stage's config."""
     return {key: stage[key] for key in LOOP_KEYS if key in stage}

@@ -21,7 +21,8 @@ from snakeshard.fingerprint import (audio_identity, digest, inputs_digest, keys_
                                     shard_fingerprint, shard_inputs_text, stage_fingerprint)
 from snakeshard.plan import ensure_plan, read_audio_files
 from snakeshard.shard_files import KEYS_FILE, read_shard_keys
-from snakeshard.train_config import check_stage_kind, is_training, loop_config, model_source, training_stages
+from snakeshard.train_config import (check_stage_kind, is_training, loop_config, model_source, result_inputs,
+                                     training_stages)
 from snakeshard.writers import check_outputs_config
 
 # The canary's shard dir, beside the stage's dataset dirs (dataset names cannot start with "_").
@@ -833,10 +834,8 @@ class Workflow:
                 "sort_by_length": bool(s.get("sort_by_length")), "gpus": requested_gpus(s.get("resources") or {}),
                 # each set's inputs digest: its keys, records, audio, upstream merge, code and provider config
                 "sets": {ds: self.inputs[stage, ds] for ds in s["datasets"]}}
-        ignored = set(s.get("fingerprint_ignore") or ())  # provider_config keys that change no result
-        result = {**spec, "provider_config": {k: v for k, v in spec["provider_config"].items() if k not in ignored},
-                  "fingerprint_ignore": None,
-                  "loop": {k: v for k, v in spec["loop"].items() if k != "checkpoint"}, "version": __version__}
+        result = {**result_inputs(spec), "loop": {k: v for k, v in spec["loop"].items() if k != "checkpoint"},
+                  "version": __version__}
         spec["fingerprint"] = digest(json.dumps(result, sort_keys=True))
         write_if_changed(Path(out) / TRAIN_SPEC, json.dumps(spec, indent=1, sort_keys=True) + "\n")
         upstream = [f"{set_dir(self.config, *self.upstream[stage, ds])}/merged.json"

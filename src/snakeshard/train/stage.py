@@ -34,6 +34,7 @@ def cmd_train(args) -> int:
 def run_training(spec: dict, run_dir: Path) -> int:
     from snakeshard.devices import job_devices
     from snakeshard.train.loop import TrainingInterrupted, train
+    from snakeshard.train_config import result_inputs
     from snakeshard.user_code import import_object
 
     stage, where = spec["stage"], f"stages.{spec['stage']}"
@@ -54,7 +55,7 @@ def run_training(spec: dict, run_dir: Path) -> int:
     try:
         result = train(runner_cls, env, train_keys, valid_keys, spec["loop"], run_dir, fingerprint=spec["fingerprint"],
                        batches=batches, valid_batches=valid_batches, split_env=split_env, on_line=_print_epoch,
-                       inputs=_result_inputs(spec))
+                       inputs=result_inputs(spec))
     except TrainingInterrupted as e:
         print(f"training stage {stage!r}: {e}", file=sys.stderr, flush=True)
         return e.exit_code
@@ -68,15 +69,6 @@ def run_training(spec: dict, run_dir: Path) -> int:
              if result.best_score is not None else "")
           + (" (stopped early)" if result.stopped_early else "") + f"; wrote {run_dir / MODEL}", file=sys.stderr)
     return 0
-
-
-def _result_inputs(spec: dict) -> dict:
-    """What the training fingerprint covers besides the loop config, as a refused resume names it (provider_config
-    less its fingerprint_ignore keys, which change no result)."""
-    ignored = set(spec.get("fingerprint_ignore") or ())
-    inputs = {k: v for k, v in spec.items() if k not in ("loop", "fingerprint", "fingerprint_ignore")}
-    inputs["provider_config"] = {k: v for k, v in spec["provider_config"].items() if k not in ignored}
-    return inputs
 
 
 def _split(spec: dict, split: str, where: str):
