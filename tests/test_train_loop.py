@@ -273,6 +273,23 @@ def test_contract_errors_name_the_runner_step_and_keys(tmp_path):
     assert "utt0003" in (tmp_path / "c" / "steps.jsonl").read_text()
 
 
+def test_a_runner_without_evaluate_step_is_refused_before_the_first_step_when_there_are_valid_keys(tmp_path):
+    """Found out before training, not after a whole epoch (TorchRunner's own evaluate_step only raises)."""
+    from snakeshard.errors import ContractError
+    from snakeshard.train import TorchRunner, train
+
+    class TrainOnly(TorchRunner):
+        @staticmethod
+        def train_step(batch, *, model, table):
+            return {"loss": model(torch.stack([table[k][0] for k in batch])).pow(2).mean()}
+
+    env, tk, vk = _toy()
+    with pytest.raises(ContractError, match=r"TrainOnly defines no evaluate_step, and there are valid keys"):
+        train(TrainOnly, env, tk[:8], vk, {"batch_size": 4}, tmp_path / "a")
+    assert not (tmp_path / "a" / "steps.jsonl").exists()  # no step ran
+    assert train(TrainOnly, env, tk[:8], (), {"batch_size": 4}, tmp_path / "b").step == 2  # no valid set: fine
+
+
 def test_schedule_semantics():
     from snakeshard.train.schedule import lr_lambda, make_scheduler
 

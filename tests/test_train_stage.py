@@ -326,6 +326,12 @@ def test_an_empty_valid_set_is_refused_naming_the_key(tmp_path):
      "stages.train.stats.dataset: stage 'stats' runs over ['feats_train'], not 'feats_valid'"),
     (lambda c: c["stages"]["train"].pop("valid"),
      "stages.train.score.split: 'valid' (the default) needs a valid: dataset"),
+    (lambda c: c["stages"]["train"].update(schedule={"strategy": "step"}),
+     "stages.train.schedule: schedule strategy 'step': one of ['constant', 'cosine', 'linear']"),
+    (lambda c: c["stages"]["train"].update(schedule={"warmup_ratio": 0.1}),
+     "stages.train.schedule.warmup_ratio: not a schedule option (options: strategy, final_lr_ratio, final_lr"),
+    (lambda c: c["stages"]["train"].update(schedule={"warmup_steps": "ten"}),
+     "stages.train.schedule: invalid literal for int() with base 10: 'ten'"),
 ])
 def test_training_config_mistakes_fail_the_parse_naming_the_key(tmp_path, monkeypatch, change, message):
     from snakeshard.errors import ConfigError
@@ -350,3 +356,40 @@ def test_a_training_steps_must_be_staticmethods_checked_at_parse(tmp_path):
     assert "tones.TonesRunner.evaluate_step (" in error_line(result) and "must be a @staticmethod" in error_line(result)
     time.sleep(0)  # parse only: nothing ran
     assert not (wd / "results/fbank/train/merged.json").exists()
+
+
+def test_a_model_pt_that_does_not_fit_the_inference_stages_model_is_named(tmp_path):
+    """An inference stage whose own provider_config builds another model than the one trained: one error naming
+    model.pt, the training stage, the provider and the mismatched tensors (was torch's multi-line RuntimeError,
+    reported as the provider failing to build its env)."""
+    from snakeshard.errors import ContractError
+    from snakeshard.train.inference import with_trained_model
+
+    torch.save({"model": torch.nn.Linear(40, 4).state_dict()}, tmp_path / "model.pt")
+    (tmp_path / "done").write_text(json.dumps({"fingerprint": "f"}))
+    spec = {"stage": "infer", "provider": "tones.TonesProvider", "dataset": {"path": "unused"},
+            "model": {"stage": "train", "path": str(tmp_path / "model.pt"), "done": str(tmp_path / "done"),
+                      "fingerprint": "f", "stats": None}}
+    with pytest.raises(ContractError) as error:
+        with_trained_model({"model": torch.nn.Linear(20, 4)}, spec)
+    message = str(error.value)
+    assert message.startswith(f"stages.infer: {tmp_path / 'model.pt'} (trained by stage 'train') does not fit the model "
+                              "tones.TonesProvider builds here (Error(s) in loading state_dict for Linear: size mismatch "
+                              "for weight: copying a param with shape torch.Size([4, 40])")
+    assert "\n" not in message and "its own provider_config keys laid over them" in message
+
+
+def test_an_inference_stage_from_a_runner_without_infer_step_is_refused_at_job_start():
+    """TorchRunner's own infer_step only raises: refused before any model loads, naming stage and runner."""
+    from snakeshard.errors import ContractError
+    from snakeshard.train import TorchRunner
+    from snakeshard.train.inference import model_runner
+
+    class TrainOnly(TorchRunner):
+        @staticmethod
+        def train_step(batch, *, model):
+            return {}
+
+    with pytest.raises(ContractError, match=r"stages\.infer\.runner: .*TrainOnly defines no infer_step, which an "
+                                            r"inference stage from a training stage runs as its forward"):
+        model_runner(TrainOnly, "infer")

@@ -83,6 +83,10 @@ def _check_training(where: str, stage: dict, datasets: dict, stages: dict) -> No
     if score and score.get("split", "valid") == "valid" and "valid" not in stage:
         raise ConfigError(f"{where}.score.split: 'valid' (the default) needs a valid: dataset; set one, or "
                           "split: train")
+    if "schedule" in stage:
+        from snakeshard.train.schedule import check_options
+
+        check_options(stage["schedule"], f"{where}.schedule")
     stats = stage.get("stats")
     if stats:
         source = stages.get(stats["from_stage"])

@@ -17,7 +17,13 @@ from snakeshard.errors import ContractError, DataError
 
 def model_runner(runner_cls: type, stage: str) -> type:
     """A BaseRunner whose forward is ``runner_cls.infer_step`` (one key or a batch in, its results out)."""
+    from snakeshard.train.runner import defines
+
     name = runner_name(runner_cls)
+    if not defines(runner_cls, "infer_step"):
+        raise ContractError(f"stages.{stage}.runner: {name} defines no infer_step, which an inference stage from a "
+                            "training stage runs as its forward: define @staticmethod infer_step(batch, *, model, ...) "
+                            "returning {key: {field: value}}")
     if not isinstance(_class_attribute(runner_cls, "infer_step"), staticmethod):
         raise ContractError(f"stages.{stage}.runner: {name}.infer_step must be a @staticmethod (an inference stage "
                             "from a training stage runs it as its forward)")
@@ -68,7 +74,13 @@ def with_trained_model(env: dict, spec: dict) -> dict:
                         f"stage {model_ref['stage']!r} train ({done} {'says another' if fingerprint else 'is missing'});"
                         " run snakemake, which trains it first")
     checkpoint = torch.load(model_ref["path"], map_location="cpu", weights_only=False)
-    env["model"].load_state_dict(checkpoint["model"])
+    try:
+        env["model"].load_state_dict(checkpoint["model"])
+    except RuntimeError as e:  # torch lists each mismatched tensor, a line each
+        raise ContractError(f"{where}: {model_ref['path']} (trained by stage {model_ref['stage']!r}) does not fit the "
+                            f"model {spec['provider']} builds here ({' '.join(str(e).split())}); this stage builds it "
+                            f"with stage {model_ref['stage']!r}'s provider_config, its own provider_config keys "
+                            "laid over them") from e
     env["model"].eval()
     env["dataset"] = load_dataset(spec["dataset"])
     if model_ref["stats"]:

@@ -56,7 +56,7 @@ from snakeshard.contract import runner_name
 from snakeshard.errors import ContractError, SnakeshardError
 from snakeshard.train import rng
 from snakeshard.train.checkpoint import CheckpointManager, CheckpointWarning
-from snakeshard.train.runner import step_kwargs
+from snakeshard.train.runner import defines, step_kwargs
 from snakeshard.train.schedule import make_scheduler
 
 DEFAULTS = {"seed": 0, "epochs": None, "max_steps": None, "batch_size": 1, "accum_steps": 1,
@@ -199,6 +199,10 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     scheduler = env.get("scheduler")
     if scheduler is None and cfg["schedule"] is not None:
         scheduler = make_scheduler(optimizer, total_steps, **cfg["schedule"])
+    if valid_keys and not defines(runner_cls, "evaluate_step"):  # found out after a whole epoch otherwise
+        raise ContractError(f"{name} defines no evaluate_step, and there are valid keys to evaluate after each epoch: "
+                            "define @staticmethod evaluate_step(batch, *, model, ...) returning meter values, or "
+                            "train without a valid set")
     split_env = split_env or {}
     train_kwargs = step_kwargs(runner_cls, "train_step", {**env, **split_env.get("train", {})})
     eval_kwargs = (step_kwargs(runner_cls, "evaluate_step", {**env, **split_env.get("valid", {})})

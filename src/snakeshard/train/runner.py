@@ -36,6 +36,11 @@ class TorchRunner:
         raise NotImplementedError("define @staticmethod infer_step(batch, *, model, ...) to infer")
 
 
+def defines(runner_cls: type, method: str) -> bool:
+    """``runner_cls`` has its own ``method`` (not TorchRunner's, which only raises)."""
+    return getattr(runner_cls, method, None) not in (None, getattr(TorchRunner, method))
+
+
 def step_kwargs(runner_cls: type, method: str, env: dict) -> dict:
     """The env entries ``runner_cls.<method>`` receives, chosen by parameter name (all of them with ``**env``).
     Raises naming the runner when the method is no staticmethod or needs a name the env lacks."""

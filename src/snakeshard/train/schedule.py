@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+OPTIONS = ("strategy", "final_lr_ratio", "final_lr", "min_lr", "warmup_steps", "cooldown_steps", "method")
 STRATEGIES = {
     "linear": lambda p: p,
     "cosine": lambda p: (1 - math.cos(math.pi * p)) / 2,
@@ -61,6 +62,20 @@ def lr_lambda(base_lr: float, total_steps: int, *, strategy: str = "cosine", fin
         return max(lr, min_lr) / base_lr
 
     return factor
+
+
+def check_options(options: dict, where: str) -> None:
+    """A training stage's ``schedule:`` checked at parse: an unknown option, or a value lr_lambda refuses or cannot
+    compute with, is a ConfigError naming the key (in the job it would be a traceback, after the model was built)."""
+    from snakeshard.errors import ConfigError
+
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: not a schedule option (options: {', '.join(OPTIONS)})")
+    try:
+        lr_lambda(1.0, 10, **options)(1)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def make_scheduler(optimizer, total_steps: int, **options):
