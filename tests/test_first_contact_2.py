@@ -5,7 +5,6 @@ the command line's help and version.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import subprocess
