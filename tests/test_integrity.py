@@ -309,7 +309,7 @@ def test_a_moved_project_says_which_sets_point_back_and_the_fix_works(tmp_path):
     assert status.returncode == 0, status.stderr
     out = status.stdout
     fix = "recompute them here: snakemake --profile <your profile> --forcerun shard_s"
-    assert f"split.0     moved" in out and f"computed in {old}/results/s/toy/split.0: its scp files point there" in out
+    assert "split.0     moved" in out and f"computed in {old}/results/s/toy/split.0: its scp files point there" in out
     assert f"merged: moved (made in {old}/results/s/toy, and its scp files point there; snakeshard refuses to " \
            f"read it): {fix}" in out
     upper = out[out.index("stage upper"):out.index("summary")]

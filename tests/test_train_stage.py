@@ -245,6 +245,13 @@ def test_bad_inputs_fail_the_training_job_naming_what_and_where_and_keep_what_wa
     wd = make_project(tmp_path / "p", epochs=2)
     fbank_log = wd / "results/fbank/train/logs/split.0.log"
 
+    # a step takes normalize and the stage sets no stats: named before the model is built
+    set_training(wd, stats=None)
+    line = error_line(run_snakemake(wd, TRAIN_TARGET))
+    assert line.startswith("snakeshard: error: stages.train.stats: tones.TonesRunner.train_step takes 'normalize'")
+    assert "add stats: {from_stage: <a collect-stats stage>, dataset: <its dataset>}" in line
+    set_training(wd, stats={"from_stage": "stats", "dataset": "feats_train"})
+
     # the model takes 2 x 40 inputs, the fbank stage gives 20 bins: the first step names keys and shapes
     set_training(wd, num_mel_bins=40)
     result = run_snakemake(wd, TRAIN_TARGET)

@@ -44,6 +44,7 @@ def run_training(spec: dict, run_dir: Path) -> int:
     train_set, train_keys = _split(spec, "train", where)
     valid_set, valid_keys = _split(spec, "valid", where) if spec["valid"] else (None, [])
     split_env = {"train": {"dataset": train_set}, "valid": {"dataset": valid_set}}
+    _check_normalize(runner_cls, spec, where)
     env = _build_env(spec, provider_cls, devices, where)
     if spec["stats"]:
         env["normalize"] = global_mvn(spec["stats"])
@@ -69,6 +70,21 @@ def run_training(spec: dict, run_dir: Path) -> int:
              if result.best_score is not None else "")
           + (" (stopped early)" if result.stopped_early else "") + f"; wrote {run_dir / MODEL}", file=sys.stderr)
     return 0
+
+
+def _check_normalize(runner_cls, spec: dict, where: str) -> None:
+    """A step that takes ``normalize`` in a stage without ``stats:``: the config is what lacks it (the generic
+    "needs env key" error would blame the provider, after the model was built)."""
+    from snakeshard.contract import forward_parameters, runner_name
+
+    if spec["stats"]:
+        return
+    for method in ("train_step", "evaluate_step"):
+        step = getattr(runner_cls, method, None)
+        if step is not None and "normalize" in forward_parameters(step)[2]:
+            raise ConfigError(f"{where}.stats: {runner_name(runner_cls)}.{method} takes 'normalize' (the GlobalMVN of "
+                              "a collect-stats stage's output, which the stage gives its steps), and the stage sets no "
+                              "stats: add stats: {from_stage: <a collect-stats stage>, dataset: <its dataset>}")
 
 
 def _split(spec: dict, split: str, where: str):
