@@ -220,6 +220,14 @@ def cmd_wer(args) -> int:
 
 
 def cmd_init(args) -> int:
+    if args.recipe:
+        from snakeshard.recipes import init_recipe
+
+        written = init_recipe(args.recipe, args.directory, args.data)
+        print(f"wrote {', '.join(written)} in {args.directory}")
+        print(f"next: cd {args.directory} && snakemake --profile profiles/local"
+              + ("" if args.data else " (its data prep downloads FSDD first, 16 MB)"))
+        return 0
     from snakeshard.project import init_project
 
     written = init_project(args.directory, args.data)
@@ -249,7 +257,12 @@ def build_parser():
                                      "config, an example stage, local and SLURM profiles) into DIR")
     sp.add_argument("directory", metavar="DIR", help="the project directory: created if missing; no file of the "
                                                      "project may exist there yet")
-    sp.add_argument("--data", help="a Kaldi data dir (with wav.scp) or a .jsonl manifest; default: copy the demo speech")
+    sp.add_argument("--data", help="a Kaldi data dir (with wav.scp) or a .jsonl manifest; default: copy the demo "
+                                    "speech. With --recipe digits: a directory of FSDD's WAVs; default: download them")
+    from snakeshard.recipes import RECIPES
+
+    sp.add_argument("--recipe", choices=sorted(RECIPES), help="write a complete recipe instead: digits (FSDD spoken "
+                                                          "digits: data prep, fbank, stats, train, inference, scoring)")
     sp.set_defaults(func=cmd_init)
 
     sp = sub.add_parser("plan", help="print the shard plan (shard, items, seconds) without running anything")

@@ -44,6 +44,8 @@ def metrics_text(record: dict) -> str:
             lines += ["", *_group_table(name, scoring["group_by"], record["groups"], metrics[name]["value"])]
     if "classification" in metrics:
         lines += ["", *_per_class_table(metrics["classification"]["value"]["per_class"])]
+        if record["groups"]:
+            lines += ["", *_accuracy_per_group(scoring["group_by"], record["groups"], metrics["classification"]["value"])]
     lines.append("")
     return "\n".join(lines)
 
@@ -62,6 +64,17 @@ def _group_table(name: str, by: str, groups: dict, total: dict) -> list[str]:
 
     rows += [row(g, groups[g][name]["value"]) for g in groups]
     rows += ["-" * len(head), row("all", total)]
+    return rows
+
+
+def _accuracy_per_group(by: str, groups: dict, total: dict) -> list[str]:
+    """Accuracy per group (per speaker with ``group_by: spk``), and over all."""
+    width = max(8, *(len(g) for g in groups))
+    head = f"{by:<{width}} {'items':>6} {'accuracy':>9} {'F1 macro':>9}"
+    rows = [f"accuracy per {by}:", head, "-" * len(head)]
+    values = [(g, groups[g]["classification"]["value"]) for g in groups] + [("all", total)]
+    rows += [f"{g:<{width}} {v['items']:>6} {v['accuracy']:>9.4f} {v['f1_macro']:>9.4f}" for g, v in values]
+    rows.insert(-1, "-" * len(head))
     return rows
 
 
