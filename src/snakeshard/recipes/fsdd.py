@@ -13,6 +13,7 @@ place and new recordings are appended, so adding recordings changes only the sha
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import re
@@ -21,6 +22,7 @@ import sys
 import tarfile
 import tempfile
 import urllib.request
+import zlib
 from pathlib import Path
 
 from snakeshard.atomic import write_if_changed
@@ -59,7 +61,7 @@ def scan(recordings: Path) -> list[dict]:
     Any other .wav is an error naming it (a misnamed file would get no label)."""
     import soundfile
 
-    found = []
+    found, seen = [], {}
     for path in sorted(recordings.glob("*.wav")):
         m = NAME.fullmatch(path.name)
         if m is None:
@@ -70,6 +72,11 @@ def scan(recordings: Path) -> list[dict]:
             raise DataError(f"{path}: not readable as audio: {e}") from e
         # Kaldi's convention: an utterance id starts with its speaker id
         key = f"{m['speaker']}_{m['digit']}_{int(m['take']):02d}"
+        # 7_jackson_1.wav and 7_jackson_01.wav give one key: write_kaldi_dir would keep one and drop the other
+        # without a word (found by test_recipe_fsdd's test_two_names_of_one_key_fail)
+        if key in seen:
+            raise DataError(f"{path}: the same utterance key ({key}) as {seen[key]}; rename or remove one")
+        seen[key] = path
         found.append({"key": key, "path": str(path.resolve()), "digit": m["digit"], "speaker": m["speaker"],
                       "take": int(m["take"]), "seconds": info.frames / info.samplerate})
     if not found:
@@ -145,12 +152,21 @@ def download(url: str, sha256: str, download_dir: Path) -> Path:
                             "fsdd.recordings in config/config.yaml)") from e
         extracted = Path(tmp) / "recordings"
         extracted.mkdir()
-        with tarfile.open(archive) as tar:
-            for member in tar.getmembers():
-                parts = Path(member.name).parts
-                if member.isfile() and len(parts) >= 2 and parts[-2] == "recordings" and member.name.endswith(".wav"):
-                    with tar.extractfile(member) as src, open(extracted / parts[-1], "wb") as dst:
-                        shutil.copyfileobj(src, dst)
+        # a truncated download or an HTML page was a traceback (tarfile.ReadError, EOFError) naming no config key
+        # (found by test_recipe_fsdd's test_damaged_archive_fails_naming_the_url)
+        try:
+            with tarfile.open(archive) as tar:
+                for member in tar.getmembers():
+                    parts = Path(member.name).parts
+                    if (member.isfile() and len(parts) >= 2 and parts[-2] == "recordings"
+                            and member.name.endswith(".wav")):
+                        with tar.extractfile(member) as src, open(extracted / parts[-1], "wb") as dst:
+                            shutil.copyfileobj(src, dst)
+        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
+            why = (str(e).splitlines() or [type(e).__name__])[0]
+            raise DataError(f"fsdd.url: {url} gave no whole .tar.gz ({why}): a damaged download, or not FSDD's "
+                            "release archive; run again, or give a local copy of FSDD's recordings/ "
+                            "(fsdd.recordings in config/config.yaml)") from e
         got = recordings_digest(list(extracted.glob("*.wav")))
         if got != sha256:
             raise DataError(f"fsdd.sha256: the recordings of {url} have digest {got}, the config expects {sha256}: "

@@ -9,13 +9,16 @@ checkpoint: Snakemake's retry, or a rerun, resumes from it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
 from snakeshard.errors import ConfigError, ContractError, DataError, SnakeshardError
 
 MODEL, METRICS, CURVE, DONE = "model.pt", "metrics.json", "curve.png", "done"
+LOCK = "train.lock"  # held by the one process training in this dir (see one_trainer)
 SPLIT_ENV = ("dataset", "normalize")  # env entries the stage gives the steps itself
 MAX_LISTED = 5
 
@@ -27,8 +30,31 @@ def cmd_train(args) -> int:
     if spec["fingerprint"] != args.fingerprint:
         raise SnakeshardError(f"{args.spec} was rewritten while this run was going (another snakemake with another "
                               "config or data?); run snakemake again")
-    with naming_stage(spec["stage"]):
+    with naming_stage(spec["stage"]), one_trainer(Path(args.spec).parent):
         return run_training(spec, Path(args.spec).parent)
+
+
+@contextlib.contextmanager
+def one_trainer(run_dir: Path):
+    """Hold ``run_dir/train.lock`` (flock) while training. A driver killed by -9 leaves its jobs running: the
+    rerun's training job then waits here for that orphan instead of writing the same checkpoints and steps.jsonl
+    beside it, and resumes from (or finishes with) what it left. The kernel drops the lock when its holder dies."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / LOCK, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "?"
+            print(f"waiting for the training process that holds {run_dir / LOCK} (pid {holder}; an earlier run's "
+                  "job, still going after its snakemake was killed?) to end", file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        yield
 
 
 def run_training(spec: dict, run_dir: Path) -> int:

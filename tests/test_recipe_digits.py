@@ -1,0 +1,222 @@
+"""The digits recipe end to end, in real snakemake runs on the Free Spoken Digit Dataset (FSDD): from nothing to a
+scored model, a second run that does nothing, kill -9 of the driver and of jobs at several points ending with the
+same bytes, what a model change and added recordings rerun, and the held-out-speaker config.
+
+FSDD comes from ``$SNAKESHARD_FSDD`` (a copy of its recordings/), else ``../shared/data/fsdd/recordings`` beside the
+repository; the tests are skipped, saying so, when neither holds it. (tests/test_slurm.py runs the recipe on SLURM
+against this module's local result.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PROJECT, wait_for
+
+FSDD = Path(os.environ.get("SNAKESHARD_FSDD", PROJECT.parent / "shared/data/fsdd/recordings"))
+pytestmark = pytest.mark.skipif(not FSDD.is_dir() or not any(FSDD.glob("*.wav")),
+                                reason=f"no FSDD recordings at {FSDD}: set SNAKESHARD_FSDD to a copy of its recordings/")
+
+SCORED = Path("results/score/predicted")
+TRAINED = Path("results/train/feats_train")
+FINAL = (SCORED / "metrics.json", SCORED / "metrics.txt", TRAINED / "metrics.json", TRAINED / "model.pt")
+
+
+def init(directory: Path, data: Path = FSDD) -> Path:
+    out = subprocess.run([sys.executable, "-m", "snakeshard", "init", "--recipe", "digits", str(directory),
+                          "--data", str(data)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return directory
+
+
+def snakemake_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "snakemake", "--profile", "profiles/local", *args]
+
+
+def snakemake(wd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    run = subprocess.run(snakemake_command(*args), cwd=wd, capture_output=True, text=True, timeout=timeout)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run
+
+
+def final_bytes(wd: Path) -> dict[str, bytes]:
+    return {str(path): (wd / path).read_bytes() for path in FINAL if path.suffix != ".pt"}
+
+
+def job_counts(dry_run: subprocess.CompletedProcess) -> dict[str, int]:
+    """Snakemake's "Job stats" table of a dry run: rule -> jobs it would run."""
+    table = (dry_run.stdout + dry_run.stderr).split("Job stats:", 1)[1]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m[1] != "total"}
+
+
+_LOCAL: dict[str, dict] = {}
+
+
+def local_reference(tmp_path_factory) -> dict:
+    """The recipe from nothing, uninterrupted, on the local profile (once per session): its project, the seconds
+    it took and its final outputs' bytes."""
+    if "run" not in _LOCAL:
+        wd = init(tmp_path_factory.mktemp("recipe") / "digits")
+        start = time.monotonic()
+        run = snakemake(wd)
+        _LOCAL["run"] = {"wd": wd, "seconds": time.monotonic() - start, "log": run.stderr, "bytes": final_bytes(wd)}
+    return _LOCAL["run"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    return local_reference(tmp_path_factory)
+
+
+def test_from_nothing_to_a_scored_model_then_a_second_run_does_nothing(reference):
+    wd = reference["wd"]
+    print(f"recipe from nothing: {reference['seconds']:.1f} s")
+    assert "(100%) done" in reference["log"]
+    scored = json.loads((wd / SCORED / "metrics.json").read_text())
+    value = scored["metrics"]["classification"]["value"]
+    assert value["items"] == 300 and sorted(value["per_class"]) == [str(d) for d in range(10)]
+    assert value["accuracy"] >= 0.97, value["accuracy"]
+    assert sorted(scored["groups"]) == ["george", "jackson", "lucas", "nicolas", "theo", "yweweler"]
+    text = (wd / SCORED / "metrics.txt").read_text()
+    assert text.startswith(f"accuracy {value['accuracy']:.4f}") and "accuracy per spk:" in text
+    assert re.search(r"^all\s+300\s+" + re.escape(f"{value['accuracy']:.4f}"), text, re.M)
+    for png in (SCORED / "metrics.png", TRAINED / "curve.png"):
+        assert (wd / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # data prep's Kaldi dirs: the take split
+    counts = {s: len((wd / "data/takes" / s / "wav.scp").read_text().splitlines()) for s in ("train", "valid", "test")}
+    assert counts == {"train": 2400, "valid": 300, "test": 300}
+
+    again = snakemake(wd)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_the_report_holds_the_confusion_matrix_and_the_training_curves(reference, tmp_path):
+    report = tmp_path / "report.html"
+    snakemake(reference["wd"], "--report", str(report))
+    html = report.read_text(errors="replace")
+    assert "metrics.png" in html and "curve.png" in html
+
+
+def processes(wd: Path, needle: str):
+    """This project's processes whose command line holds ``needle``."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        try:
+            if proc.info["cwd"] == str(wd) and needle in " ".join(proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
+
+
+def steps_logged(wd: Path) -> int:
+    log = wd / TRAINED / "steps.jsonl"
+    return sum(1 for line in log.read_text().splitlines() if '"lr"' in line) if log.exists() else 0
+
+
+def start_driver(wd: Path) -> subprocess.Popen:
+    # its own session: killpg then takes the driver and every job it started, as a crash of the machine would
+    return subprocess.Popen(snakemake_command(), cwd=wd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def kill(driver: subprocess.Popen, wd: Path, everything: bool = True) -> None:
+    """kill -9 of the driver, with every job it started (``everything``) or alone. Then what the next snakemake
+    tells the user to do after a driver was killed: ``--unlock`` (its lock files stay behind)."""
+    if everything:
+        os.killpg(driver.pid, signal.SIGKILL)
+    else:
+        os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    snakemake(wd, "--unlock")
+
+
+def test_kill_9_of_driver_and_jobs_at_several_points_ends_with_the_same_bytes(reference, tmp_path):
+    """kill -9 of everything while fbank runs; of the training job alone (its retry resumes); of everything
+    mid-training; of the driver alone mid-training (its training job goes on as an orphan: the rerun's training
+    job waits for it); of everything while inference runs. Then the same command: the final files are
+    byte-identical to an uninterrupted run's, and the weights equal."""
+    import torch
+
+    wd = init(tmp_path / "digits")
+    driver = start_driver(wd)
+    wait_for(lambda: processes(wd, "run-shard") or driver.poll() is not None, 120, "an fbank shard job")
+    assert driver.poll() is None
+    kill(driver, wd)
+
+    driver = start_driver(wd)
+    wait_for(lambda: steps_logged(wd) >= 150 or driver.poll() is not None, 180, "training step 150")
+    trainers = processes(wd, "snakeshard train")
+    assert trainers and driver.poll() is None
+    for proc in trainers:
+        proc.kill()  # the job alone: the driver goes on, and the rule's retry resumes training
+    wait_for(lambda: steps_logged(wd) >= 400 or driver.poll() is not None, 180, "training step 400 (the retry)")
+    assert driver.poll() is None
+    kill(driver, wd)
+
+    driver = start_driver(wd)
+    wait_for(lambda: steps_logged(wd) >= 600 or driver.poll() is not None, 180, "training step 600")
+    assert driver.poll() is None
+    kill(driver, wd, everything=False)  # the driver alone: its training job trains on, orphaned
+
+    driver = start_driver(wd)
+    wait_for(lambda: processes(wd, "infer/") or driver.poll() is not None, 180, "an inference job")
+    kill(driver, wd)
+
+    snakemake(wd)
+    assert final_bytes(wd) == reference["bytes"]
+    got = torch.load(wd / TRAINED / "model.pt", weights_only=False)["model"]
+    want = torch.load(reference["wd"] / TRAINED / "model.pt", weights_only=False)["model"]
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def link_recordings(directory: Path, takes: range) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for wav in FSDD.glob("*.wav"):
+        if int(wav.stem.rsplit("_", 1)[1]) in takes and not (directory / wav.name).exists():
+            (directory / wav.name).symlink_to(wav)
+    return directory
+
+
+def test_a_model_change_reruns_train_infer_score_and_added_recordings_only_their_shards(tmp_path):
+    recordings = link_recordings(tmp_path / "fsdd", range(45))
+    wd = init(tmp_path / "digits", data=recordings)
+    snakemake(wd)
+    config = wd / "config/config.yaml"
+    config.write_text(config.read_text().replace("channels: 64", "channels: 48"))
+
+    rerun = job_counts(snakemake(wd, "-n"))
+    assert {"train_train", "shard_infer", "shard_score"} <= set(rerun), rerun
+    assert not {rule for rule in rerun if rule.endswith(("_fbank", "_stats"))}, rerun
+    assert rerun["shard_infer"] == 2 and rerun["train_train"] == 1
+    snakemake(wd)
+
+    link_recordings(recordings, range(45, 50))  # 300 more train keys (takes 45-49), appended to train's last shard
+    rerun = job_counts(snakemake(wd, "-n"))
+    # fbank: train's last shard only, nothing of valid or test. A chained stage's shards read the upstream's whole
+    # merged output, so stats reruns all 4 of its shards (not yet per shard: see the README's recipe section)
+    assert rerun["shard_fbank"] == 1 and rerun["shard_stats"] == 4, rerun
+    assert rerun["train_train"] == 1 and rerun["shard_infer"] == 2 and rerun["merge"] == 4, rerun
+    snakemake(wd)
+    assert len((wd / "data/takes/train/wav.scp").read_text().splitlines()) == 2400
+
+
+def test_the_held_out_speaker_config_scores_one_unseen_speaker(reference):
+    wd = reference["wd"]
+    snakemake(wd, "--configfile", "config/speakers.yaml")
+    scored = json.loads((wd / "results_speakers/score/predicted/metrics.json").read_text())
+    value = scored["metrics"]["classification"]["value"]
+    print(f"held-out speaker george: accuracy {value['accuracy']:.4f}")
+    assert value["items"] == 500 and sorted(scored["groups"]) == ["george"]
+    assert (wd / "results/score/predicted/metrics.json").read_bytes() == reference["bytes"][str(SCORED / "metrics.json")]
