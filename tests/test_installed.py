@@ -164,3 +164,18 @@ def test_snakemake_report_shows_each_sets_summary(quick_start):
     assert re.search(r"<p>2 shards done, 10 items, audio 34\.\d\d s; compute \d+\.\d\d s over the shard jobs "
                      r"\(first start to last end: \d+\.\d s\); real-time factor 0\.\d{4} ", summary), summary
     assert summary.count("<tr><td>") == 2
+
+
+def test_the_installed_package_writes_the_digits_recipe(quick_start, tmp_path):
+    """`snakeshard init --recipe digits` from the wheel writes every recipe file: each is package data, and a file
+    missing from pyproject.toml's package-data would only show on a user's machine."""
+    from snakeshard.recipes import FILES, PROFILES
+
+    (tmp_path / "wavs").mkdir()
+    (tmp_path / "wavs/3_theo_7.wav").write_bytes((PROJECT / "data/demo/wav/cards-001.wav").read_bytes())
+    made = venv_run(quick_start, "snakeshard", "init", "--recipe", "digits", str(tmp_path / "digits"), "--data",
+                    str(tmp_path / "wavs"))
+    assert made.returncode == 0, made.stderr
+    for path in (*FILES.values(), *PROFILES):
+        assert (tmp_path / "digits" / path).is_file(), path
+    assert (tmp_path / "digits/digits.py").read_text() == (PROJECT / "src/snakeshard/recipes/digits/digits.py").read_text()

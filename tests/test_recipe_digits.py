@@ -62,14 +62,41 @@ _LOCAL: dict[str, dict] = {}
 
 
 def local_reference(tmp_path_factory) -> dict:
-    """The recipe from nothing, uninterrupted, on the local profile (once per session): its project, the seconds
-    it took and its final outputs' bytes."""
+    """The README's recipe block, run as written in bash (once per session) from a directory where ``fsdd/``
+    links FSDD's recordings: the project, each command's output, the seconds it took, the final outputs' bytes."""
     if "run" not in _LOCAL:
-        wd = init(tmp_path_factory.mktemp("recipe") / "digits")
+        from test_readme import readme_block
+
+        home = tmp_path_factory.mktemp("recipe")
+        (home / "fsdd").mkdir()
+        (home / "fsdd/recordings").symlink_to(FSDD.resolve())
+        block = readme_block("bash", "snakeshard init --recipe digits")
+        marked = "\n".join(f"echo '@@@ {line}'\n{line}" for line in block.splitlines())
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
         start = time.monotonic()
-        run = snakemake(wd)
-        _LOCAL["run"] = {"wd": wd, "seconds": time.monotonic() - start, "log": run.stderr, "bytes": final_bytes(wd)}
+        proc = subprocess.run(["bash", "-ec", marked], cwd=home, env=env, capture_output=True, text=True, timeout=900)
+        seconds = time.monotonic() - start
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        wd = home / "digits"
+        _LOCAL["run"] = {"wd": wd, "seconds": seconds, "stderr": proc.stderr, "bytes": final_bytes(wd),
+                         "outputs": dict(re.findall(r"^@@@ (.*)\n((?:(?!@@@ ).*\n)*)", proc.stdout, re.M))}
     return _LOCAL["run"]
+
+
+def shown_outputs() -> dict[str, list[str]]:
+    """command -> the lines the README's recipe output block shows under ``$ command``."""
+    from test_readme import fenced_blocks
+
+    block = next(lines for lang, lines in fenced_blocks()
+                 if not lang and lines and lines[0].startswith("$ snakeshard init --recipe"))
+    shown: dict[str, list[str]] = {}
+    for line in block:
+        if line.startswith("$ "):
+            command = line[2:]
+            shown[command] = []
+        else:
+            shown[command].append(line)
+    return shown
 
 
 @pytest.fixture(scope="module")
@@ -77,33 +104,35 @@ def reference(tmp_path_factory) -> dict:
     return local_reference(tmp_path_factory)
 
 
-def test_from_nothing_to_a_scored_model_then_a_second_run_does_nothing(reference):
-    wd = reference["wd"]
-    print(f"recipe from nothing: {reference['seconds']:.1f} s")
-    assert "(100%) done" in reference["log"]
+def test_the_readme_block_from_nothing_to_a_scored_model_then_a_second_run_does_nothing(reference):
+    """The README's commands as written print what it shows; accuracy >= 0.97 on the take split."""
+    wd, out = reference["wd"], reference["outputs"]
+    print(f"README recipe block from nothing (init, run, report): {reference['seconds']:.1f} s")
+    shown = shown_outputs()
+    init_line = "snakeshard init --recipe digits digits --data fsdd/recordings"
+    assert out[init_line].splitlines()[0] == shown[init_line][0]
+    assert shown["snakemake --profile profiles/local"] == ["26 of 26 steps (100%) done"]
+    assert "26 of 26 steps (100%) done" in reference["stderr"]
+    text = out["cat results/score/predicted/metrics.txt"]
+    for line in shown["cat results/score/predicted/metrics.txt"]:
+        assert line == "..." or line in text.splitlines(), line
     scored = json.loads((wd / SCORED / "metrics.json").read_text())
     value = scored["metrics"]["classification"]["value"]
     assert value["items"] == 300 and sorted(value["per_class"]) == [str(d) for d in range(10)]
     assert value["accuracy"] >= 0.97, value["accuracy"]
     assert sorted(scored["groups"]) == ["george", "jackson", "lucas", "nicolas", "theo", "yweweler"]
-    text = (wd / SCORED / "metrics.txt").read_text()
     assert text.startswith(f"accuracy {value['accuracy']:.4f}") and "accuracy per spk:" in text
     assert re.search(r"^all\s+300\s+" + re.escape(f"{value['accuracy']:.4f}"), text, re.M)
     for png in (SCORED / "metrics.png", TRAINED / "curve.png"):
         assert (wd / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = (wd / "report.html").read_text(errors="replace")
+    assert "metrics.png" in html and "curve.png" in html  # the report shows both
     # data prep's Kaldi dirs: the take split
     counts = {s: len((wd / "data/takes" / s / "wav.scp").read_text().splitlines()) for s in ("train", "valid", "test")}
     assert counts == {"train": 2400, "valid": 300, "test": 300}
 
     again = snakemake(wd)
     assert "Nothing to be done" in again.stdout + again.stderr
-
-
-def test_the_report_holds_the_confusion_matrix_and_the_training_curves(reference, tmp_path):
-    report = tmp_path / "report.html"
-    snakemake(reference["wd"], "--report", str(report))
-    html = report.read_text(errors="replace")
-    assert "metrics.png" in html and "curve.png" in html
 
 
 def processes(wd: Path, needle: str):

@@ -302,3 +302,21 @@ def test_training_stopped_by_scancel_signal_term_and_by_its_time_limit_resumes_t
     assert len(jobs) >= 2, "no attempt was stopped before its time limit"
     assert "resumed from" in (wd / TRAINED / "logs/train.log").read_text()
     assert_same_training(outputs(wd), want)
+
+
+def test_the_digits_recipe_on_slurm_gives_the_local_metrics_json(tmp_path, tmp_path_factory):
+    """The digits recipe (tests/test_recipe_digits.py) with its SLURM profile: every job a SLURM job, the final
+    metrics.json, metrics.txt and training metrics byte-identical to the local run's."""
+    from test_recipe_digits import FSDD, final_bytes, init, local_reference
+
+    if not any(FSDD.glob("*.wav")):
+        pytest.skip(f"no FSDD recordings at {FSDD}: set SNAKESHARD_FSDD to a copy of its recordings/")
+    want = local_reference(tmp_path_factory)
+    wd = init(tmp_path / "digits")
+    run = subprocess.run(["timeout", "-k", "10", "900", sys.executable, "-m", "snakemake", "--profile",
+                          "profiles/slurm", *FAST_STATUS], cwd=wd, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    # 4 canaries, 6 fbank + 4 stats + 2 inference + 1 scoring shards, the training: each its own SLURM job (merges
+    # and the report run locally)
+    assert len(submitted(run.stdout + run.stderr)) == 18
+    assert final_bytes(wd) == want["bytes"]
