@@ -395,3 +395,28 @@ def test_an_inference_stage_from_a_runner_without_infer_step_is_refused_at_job_s
     with pytest.raises(ContractError, match=r"stages\.infer\.runner: .*TrainOnly defines no infer_step, which an "
                                             r"inference stage from a training stage runs as its forward"):
         model_runner(TrainOnly, "infer")
+
+
+def test_a_training_job_waits_for_the_process_holding_its_run_dir_then_trains(tmp_path, tmp_path_factory):
+    """A driver killed by -9 leaves its training job running; the rerun's training job must not write the same
+    checkpoints and steps.jsonl beside it. Here the test holds train.lock, as that orphan would: the job says
+    what it waits for and logs no step until the lock is let go, then trains to an uninterrupted run's result."""
+    import fcntl
+
+    want = reference(tmp_path_factory, threads=1)
+    wd = make_project(tmp_path / "p")
+    (wd / TRAINED).mkdir(parents=True)
+    with open(wd / TRAINED / "train.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cmd = [sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2", TRAIN_TARGET]
+        driver = subprocess.Popen(cmd, cwd=wd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            log = wd / TRAINED / "logs/train.log"
+            wait_for(lambda: log.exists() and "waiting for the training process" in log.read_text()
+                     or driver.poll() is not None, 180, "the training job to wait on train.lock")
+            assert driver.poll() is None and not (wd / TRAINED / "steps.jsonl").exists()
+        except BaseException:
+            driver.kill()
+            raise
+    assert driver.wait(timeout=300) == 0
+    assert_same_training(outputs(wd), want)
