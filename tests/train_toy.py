@@ -1,13 +1,16 @@
 """A small deterministic training job for tests/test_train_loop.py: an MLP classifier with dropout and
 noise augmentation (so RNG state matters) on synthetic numpy data held in the env.
 
-As a script: ``train_toy.py RUN_DIR CONFIG_JSON [--threads N] [--delay S] [--no-rng-restore] [--restart]``
-trains, prints the result as JSON and exits 75 when a signal interrupted it.
+As a script: ``train_toy.py RUN_DIR CONFIG_JSON [--threads N] [--delay S] [--no-rng-restore] [--restart]
+[--nan-key KEY]`` trains, prints the result as JSON and exits 75 when a signal interrupted it. Under torchrun
+(RANK in the environment) each rank joins a gloo process group first and prints its weights' digest too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import sys
 import time
 
@@ -33,7 +36,7 @@ class ToyProvider(TrainProvider):
                                     torch.nn.Linear(32, CLASSES))
         optimizer = torch.optim.Adam(model.parameters(), lr=float(self.config.get("lr", 0.01)))
         return {"model": model, "optimizer": optimizer, "table": table, "delay": float(self.config.get("delay", 0)),
-                "train_keys": keys[:N_TRAIN], "valid_keys": keys[N_TRAIN:]}
+                "nan_key": self.config.get("nan_key"), "train_keys": keys[:N_TRAIN], "valid_keys": keys[N_TRAIN:]}
 
 
 def _tensors(batch, table):
@@ -44,13 +47,15 @@ def _tensors(batch, table):
 
 class ToyRunner(TorchRunner):
     @staticmethod
-    def train_step(batch, *, model, table, delay):
+    def train_step(batch, *, model, table, delay, nan_key):
         if delay:
             time.sleep(delay)
         x, y = _tensors(batch, table)
         x = x + 0.1 * torch.randn_like(x)  # augmentation: draws from torch's RNG
         logits = model(x)
         loss = torch.nn.functional.cross_entropy(logits, y)
+        if nan_key in batch:
+            loss = loss * float("nan")
         return {"loss": loss, "acc": (logits.argmax(1) == y).float().mean()}
 
     @staticmethod
@@ -68,7 +73,12 @@ def main(argv):
     if "--no-rng-restore" in opts:
         import snakeshard.train.loop as loop
         loop._RESTORE_RNG = False
-    provider_config = {"threads": threads, "delay": delay, "lr": config.pop("lr", 0.01)}
+    provider_config = {"threads": threads, "delay": delay, "lr": config.pop("lr", 0.01),
+                       "nan_key": opts[opts.index("--nan-key") + 1] if "--nan-key" in opts else None}
+    if "RANK" in os.environ:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
     env = ToyProvider(provider_config).build_env_local()
     train_keys, valid_keys = env.pop("train_keys"), env.pop("valid_keys")
     fingerprint = json.dumps({"lr": provider_config["lr"]})
@@ -78,8 +88,12 @@ def main(argv):
     except TrainingInterrupted as e:
         print(e, file=sys.stderr)
         return e.exit_code
-    print(json.dumps({"step": result.step, "epoch": result.epoch, "best_epoch": result.best_epoch,
-                      "resumed_from": str(result.resumed_from) if result.resumed_from else None}))
+    weights = hashlib.sha256(b"".join(t.numpy().tobytes() for t in env["model"].state_dict().values())).hexdigest()
+    sys.stdout.write(json.dumps({"step": result.step, "epoch": result.epoch, "best_epoch": result.best_epoch,
+                                 "resumed_from": str(result.resumed_from) if result.resumed_from else None,
+                                 "weights": weights}) + "\n")  # one write: ranks share the stdout
+    if "RANK" in os.environ:
+        dist.destroy_process_group()  # gloo's threads abort the exit otherwise
     return 0
 
 

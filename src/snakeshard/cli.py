@@ -296,6 +296,7 @@ def build_parser():
     sp.add_argument("--spec", required=True, help="the training stage's spec (train.json in its train set's dir)")
     sp.add_argument("--fingerprint", required=True, help="the fingerprint the run's DAG was built with")
     sp.add_argument("--log", help="this job's log file, named in error messages")
+    sp.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)  # a rank the job's launcher started
     sp.set_defaults(func=cmd_train)
 
     sp = sub.add_parser("merge", help="validate and merge all shards of a stage/dataset (called by the merge rule)")

@@ -16,7 +16,7 @@ from snakeshard.errors import ConfigError
 LOOP_KEYS = ("seed", "epochs", "max_steps", "batch_size", "accum_steps", "clip_grad_norm", "skip_nonfinite",
              "schedule", "score", "checkpoint")
 TRAINING_ONLY = ("train", "valid", "stats", "labels", "epochs", "max_steps", "seed", "accum_steps", "clip_grad_norm",
-                 "skip_nonfinite", "schedule", "checkpoint", "score")
+                 "skip_nonfinite", "schedule", "checkpoint", "score", "ranks")
 # Keys of a shard stage that mean nothing to a job that trains on every key at once.
 SHARD_ONLY = ("datasets", "sharding", "shards_per_job", "canary", "workers", "devices", "worker_order", "item_timeout",
               "worker_init_timeout", "outputs", "allow_nonfinite")
@@ -83,6 +83,7 @@ def _check_training(where: str, stage: dict, datasets: dict, stages: dict) -> No
     if score and score.get("split", "valid") == "valid" and "valid" not in stage:
         raise ConfigError(f"{where}.score.split: 'valid' (the default) needs a valid: dataset; set one, or "
                           "split: train")
+    _check_ranks(where, stage)
     if "schedule" in stage:
         from snakeshard.train.schedule import check_options
 
@@ -99,6 +100,29 @@ def _check_training(where: str, stage: dict, datasets: dict, stages: dict) -> No
     stage["sharding"] = {"num_shards": 1}
 
 
+def _check_ranks(where: str, stage: dict) -> None:
+    """``ranks``: an int >= 1; with GPUs (resources gpu or gres), their number (one rank per GPU)."""
+    from snakeshard.workflow import requested_gpus
+
+    if "ranks" not in stage:
+        return
+    ranks = stage["ranks"]
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise ConfigError(f"{where}.ranks: {ranks!r} is not a number of ranks (an integer >= 1)")
+    gpus = requested_gpus(stage.get("resources") or {})
+    if gpus and ranks != gpus:
+        raise ConfigError(f"{where}.ranks: {ranks}, and {where}.resources asks for {gpus} GPU(s): one rank runs on "
+                          f"each GPU, so set ranks: {gpus} or leave it out")
+
+
+def ranks(stage: dict) -> int:
+    """How many processes train a training stage: ``ranks``, else its GPUs when more than one, else 1."""
+    from snakeshard.workflow import requested_gpus
+
+    gpus = requested_gpus(stage.get("resources") or {})
+    return int(stage.get("ranks") or (gpus if gpus > 1 else 1))
+
+
 def result_inputs(spec: dict) -> dict:
     """What a training stage's result depends on besides the loop config, from its spec (train.json): the spec
     less loop, fingerprint and fingerprint_ignore, with provider_config less its fingerprint_ignore keys. The
@@ -110,5 +134,8 @@ def result_inputs(spec: dict) -> dict:
 
 
 def loop_config(stage: dict) -> dict:
-    """The training loop's config (loop.DEFAULTS' keys) from a training stage's config."""
-    return {key: stage[key] for key in LOOP_KEYS if key in stage}
+    """The training loop's config (loop.DEFAULTS' keys) from a training stage's config. ``ranks`` only when more
+    than one: it changes the result (the fingerprint), and ranks: 1 is the same run as none."""
+    loop = {key: stage[key] for key in LOOP_KEYS if key in stage}
+    n = ranks(stage)
+    return {**loop, "ranks": n} if n > 1 else loop

@@ -24,6 +24,7 @@ The config (every key optional)::
     score: null           # {name, mode: max|min, patience, split: valid|train}: best.pt and early stopping
                           # (split: whose meters; default valid when there are valid keys)
     checkpoint: {interval: null, every_seconds: 300, keep_latest_k: 3}   # and at each epoch's end
+    ranks: null           # the torch.distributed world size this runs in (null: whatever it is; 1 without one)
 
 A step is one optimizer step. A checkpoint (``run_dir/checkpoints/latest.pt``) is written every
 ``interval`` steps, every ``every_seconds``, at each epoch's end (after evaluation), on SIGTERM/SIGUSR1 and at
@@ -34,6 +35,16 @@ refuses otherwise naming what differs. Resuming reads no data to skip: the epoch
 and the loop starts at the saved batch position. ``run_dir/steps.jsonl`` (one line per step, one per
 evaluation) is cut back to the checkpoint's length on resume, so it ends up byte-identical to an
 uninterrupted run's.
+
+On N > 1 ranks (torch.distributed initialized; ranks.py starts them): the model is wrapped in DDP for train_step
+(evaluate_step gets the module). Each epoch's order of batches is cut to a multiple of N (its last ``len % N``
+batches are dropped, other ones each epoch) and rank r takes positions r::N, so every rank runs the same steps;
+the ranks' RNGs are seeded with seed + rank. Each step's meters, non-finite skips, signal and ``every_seconds``
+flags are gathered from all ranks (one all_gather_object per step), so steps.jsonl holds the ranks' merged meters
+and every rank saves at the same step boundaries. Rank r evaluates valid batches r::N, merged the same way. Only
+rank 0 writes steps.jsonl and checkpoints; a checkpoint holds every rank's RNG states (a list indexed by rank) and
+the world size, and a resume under another world size is refused. Rank 0 decides whether to resume, start over or
+refuse; the other ranks follow.
 """
 
 from __future__ import annotations
@@ -55,15 +66,17 @@ from pathlib import Path
 from snakeshard.contract import runner_name
 from snakeshard.errors import ContractError, SnakeshardError
 from snakeshard.train import rng
-from snakeshard.train.checkpoint import CheckpointManager, CheckpointWarning
+from snakeshard.train.checkpoint import CheckpointManager, CheckpointWarning, read_checkpoint
+from snakeshard.train.ranks import RankLost, World
 from snakeshard.train.runner import defines, step_kwargs
 from snakeshard.train.schedule import make_scheduler
 
 DEFAULTS = {"seed": 0, "epochs": None, "max_steps": None, "batch_size": 1, "accum_steps": 1,
             "clip_grad_norm": None, "skip_nonfinite": False, "schedule": None, "score": None,
-            "checkpoint": {"interval": None, "every_seconds": 300, "keep_latest_k": 3}}
+            "checkpoint": {"interval": None, "every_seconds": 300, "keep_latest_k": 3}, "ranks": None}
 RESULT_NEUTRAL = frozenset({"checkpoint"})  # config sections that change no result: not compared on resume
 INTERRUPT_SIGNALS = ("SIGTERM", "SIGUSR1")
+DIFF_NAMES = {"ranks": "ranks (the world size)"}  # how a refused resume names a key
 _RESTORE_RNG = True  # tests switch this off to prove the kill/resume test notices unrestored RNG
 
 
@@ -131,8 +144,8 @@ def config_diff(old: dict, new: dict) -> list[str]:
     a = _flatten({k: v for k, v in old.items() if k not in RESULT_NEUTRAL})
     b = _flatten({k: v for k, v in new.items() if k not in RESULT_NEUTRAL})
     missing = object()
-    return [f"{k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in sorted(set(a) | set(b))
-            if a.get(k, missing) != b.get(k, missing)]
+    return [f"{DIFF_NAMES.get(k, k)}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}"
+            for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
 
 
 def batch_order(seed: int, epoch: int, n: int) -> list[int]:
@@ -174,10 +187,17 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     import torch
 
     cfg = _config(config)
+    world = World.current()
+    if cfg["ranks"] is None:
+        cfg["ranks"] = world.size
+    elif int(cfg["ranks"]) != world.size:
+        raise SnakeshardError(f"training config: ranks {cfg['ranks']}, and this process is one of {world.size} "
+                              "torch.distributed ranks")
+    first = world.rank == 0  # the one that writes steps.jsonl and checkpoints
     run_dir = Path(run_dir)
     ckdir = run_dir / "checkpoints"
     log_path = run_dir / "steps.jsonl"
-    if restart:
+    if restart and first:
         _start_over(ckdir, log_path)
     run_dir.mkdir(parents=True, exist_ok=True)
     name = runner_name(runner_cls)
@@ -192,7 +212,11 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     n_batches = len(batches) if batches is not None else math.ceil(len(train_keys) / bs)
     if valid_batches is None:
         valid_batches = [valid_keys[start:start + bs] for start in range(0, len(valid_keys), bs)]
-    steps_per_epoch = math.ceil(n_batches / accum)
+    n_local = n_batches // world.size  # this rank's batches per epoch: positions rank::size of the first n_local * size
+    if n_local == 0:
+        raise SnakeshardError(f"training: {n_batches} train batches per epoch, fewer than the {world.size} ranks; "
+                              "use a smaller batch_size or fewer ranks")
+    steps_per_epoch = math.ceil(n_local / accum)
     max_steps = cfg["max_steps"]
     epochs = cfg["epochs"]
     total_steps = max_steps if max_steps is not None else epochs * steps_per_epoch
@@ -210,41 +234,39 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     score = cfg["score"]
     manager = CheckpointManager(ckdir, keep_latest_k=cfg["checkpoint"]["keep_latest_k"])
 
-    rng.seed_all(int(cfg["seed"]))
+    rng.seed_all(int(cfg["seed"]) + world.rank)  # DanLing's per-rank bias: ranks draw different dropout and noise
     p = {"step": 0, "epoch": 0, "batch_pos": 0, "best_score": None, "best_epoch": None, "bad_epochs": 0,
          "finished": False, "stopped_early": False}
     meters_state, log_bytes, resumed_from = None, 0, None
-    loaded = manager.load_latest()
+    loaded = _resume_point(manager, cfg, fingerprint, inputs, ckdir, log_path, world)
     if loaded is not None:
         ck, resumed_from = loaded
-        diff = config_diff(ck.get("config", {}), cfg) + config_diff(ck.get("inputs") or {}, inputs or {})
-        what = (f"the config differs ({'; '.join(diff)})" if diff else
-                f"the inputs differ (fingerprint {ck.get('fingerprint')!r} in the checkpoint, {fingerprint!r} now)")
-        if (diff or ck.get("fingerprint") != fingerprint) and ck["progress"]["finished"]:
-            print(f"{resumed_from}: a finished run of another config or data ({what}); training starts over",
-                  file=sys.stderr, flush=True)
-            _start_over(ckdir, log_path)
-            loaded = resumed_from = None
-        elif diff or ck.get("fingerprint") != fingerprint:
-            raise ResumeRefused(f"{resumed_from} was written by an unfinished run of another config or data: {what}. "
-                                f"To resume it, go back to that config and data; to start over, delete its checkpoints: "
-                                f"rm -r {shlex.quote(str(ckdir))} {shlex.quote(str(log_path))}")
-    if loaded is not None:
         model.load_state_dict(ck["model"])
         optimizer.load_state_dict(ck["optimizer"])
         if scheduler is not None and ck.get("scheduler") is not None:
             scheduler.load_state_dict(ck["scheduler"])
         p.update(ck["progress"])
         if _RESTORE_RNG:
-            rng.restore(ck["rng"])
+            states = ck["rng"]
+            rng.restore(states[world.rank] if isinstance(states, list) else states)
         meters_state, log_bytes = ck.get("meters"), ck["log_bytes"]
-    size = log_path.stat().st_size if log_path.exists() else 0
-    if size < log_bytes:
+    ddp = None
+    if world.size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        device = next(model.parameters()).device
+        ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+        if "model" in train_kwargs:
+            train_kwargs["model"] = ddp  # evaluate_step keeps the module: no collective inside evaluation
+    stepped = ddp if ddp is not None else model
+    size = log_path.stat().st_size if first and log_path.exists() else 0
+    if first and size < log_bytes:
         warnings.warn(f"{log_path} holds {size} bytes, the checkpoint {resumed_from} wrote at {log_bytes}: "
                       "its earlier lines are lost", CheckpointWarning, stacklevel=2)
-    with open(log_path, "ab") as log:
-        log.truncate(min(size, log_bytes))
-        log.seek(0, os.SEEK_END)
+    with open(log_path, "ab") if first else contextlib.nullcontext() as log:
+        if first:
+            log.truncate(min(size, log_bytes))
+            log.seek(0, os.SEEK_END)
         meters = _meters_from(meters_state)
         if p["finished"]:
             return _result(p, manager, resumed_from)
@@ -253,18 +275,23 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
 
         def save(best: bool = False) -> None:
             nonlocal saved_step
-            log.flush()
-            os.fsync(log.fileno())
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                     "progress": dict(p), "rng": rng.capture(), "meters": meters.state(),
-                     "log_bytes": log.tell(), "config": cfg, "fingerprint": fingerprint, "inputs": inputs,
-                     "versions": _versions(),
-                     "runner": name}
-            manager.save(state, step=p["step"], best=best)
+            states = world.gather(rng.capture())  # a collective: every rank saves at the same step
+            if first:
+                log.flush()
+                os.fsync(log.fileno())
+                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                         "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                         "progress": dict(p), "rng": states if world.size > 1 else states[0],
+                         "world_size": world.size, "meters": meters.state(),
+                         "log_bytes": log.tell(), "config": cfg, "fingerprint": fingerprint, "inputs": inputs,
+                         "versions": _versions(),
+                         "runner": name}
+                manager.save(state, step=p["step"], best=best)
             saved_step = p["step"]
 
         def write(line: dict) -> None:
+            if not first:
+                return
             log.write((json.dumps(line) + "\n").encode())
             log.flush()
             if on_line is not None:
@@ -287,38 +314,56 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
                     p["finished"] = True
                     break
                 order = batch_order(int(cfg["seed"]), p["epoch"], n_batches if batches is not None else len(train_keys))
-                model.train()
-                while p["batch_pos"] < n_batches and (max_steps is None or p["step"] < max_steps):
-                    window = range(p["batch_pos"], min(p["batch_pos"] + accum, n_batches))
+                stepped.train()
+                while p["batch_pos"] < n_local and (max_steps is None or p["step"] < max_steps):
+                    window = range(p["batch_pos"], min(p["batch_pos"] + accum, n_local))
                     optimizer.zero_grad(set_to_none=True)
                     step_meters = _meters_from(None)
                     lr = optimizer.param_groups[0]["lr"]
                     skipped = []
-                    for b in window:
+                    for j in window:
+                        b = j * world.size + world.rank  # the batch's position in the epoch's order
                         keys = (batches[order[b]] if batches is not None
                                 else [train_keys[i] for i in order[b * bs:(b + 1) * bs]])
-                        with _step_context(name, "train_step", p, b, keys):
-                            out = runner_cls.train_step(keys, **train_kwargs)
-                        if not isinstance(out, dict) or "loss" not in out:
-                            raise ContractError(f"{name}.train_step returned "
-                                                f"{sorted(out) if isinstance(out, dict) else type(out).__name__}: "
-                                                "it must return a dict with 'loss' (a tensor)")
-                        loss = out["loss"]
-                        if not torch.isfinite(loss.detach()).all():
-                            if cfg["skip_nonfinite"]:
-                                skipped.append(keys)
-                                continue
-                            raise NonFiniteLoss(f"{name}.train_step: loss {loss.detach().tolist()} at step "
-                                                f"{p['step'] + 1} (epoch {p['epoch']}, batch {b}) on keys {keys}; "
-                                                "set skip_nonfinite to skip such batches")
-                        with _step_context(name, "backward of train_step's loss", p, b, keys):
-                            (loss / len(window)).backward()
+                        # DDP reduces gradients in the window's last backward only
+                        with ddp.no_sync() if ddp is not None and j != window[-1] else contextlib.nullcontext():
+                            with _step_context(name, "train_step", p, b, keys):
+                                out = runner_cls.train_step(keys, **train_kwargs)
+                            if not isinstance(out, dict) or "loss" not in out:
+                                raise ContractError(f"{name}.train_step returned "
+                                                    f"{sorted(out) if isinstance(out, dict) else type(out).__name__}: "
+                                                    "it must return a dict with 'loss' (a tensor)")
+                            loss = out["loss"]
+                            if not torch.isfinite(loss.detach()).all():
+                                if cfg["skip_nonfinite"]:
+                                    skipped.append(keys)
+                                    if ddp is not None:  # the other ranks' backward waits for this one's gradients
+                                        _zero_backward(model)
+                                    continue
+                                raise NonFiniteLoss(f"{name}.train_step: loss {loss.detach().tolist()} at step "
+                                                    f"{p['step'] + 1} (epoch {p['epoch']}, batch {b}) on keys {keys}; "
+                                                    "set skip_nonfinite to skip such batches")
+                            with _step_context(name, "backward of train_step's loss", p, b, keys):
+                                (loss / len(window)).backward()
                         values = {k: (v.detach() if hasattr(v, "detach") else v) for k, v in out.items()}
-                        meters.update(values, n=len(keys))
+                        if ddp is None:
+                            meters.update(values, n=len(keys))
                         step_meters.update(values, n=len(keys))
+                    stopping = stop["signal"]
+                    due = every is not None and time.monotonic() - last_save >= every
+                    stepping = len(skipped) < len(window)
+                    if ddp is not None:  # one collective: the step's meters, skips and save decisions, all ranks'
+                        agreed = world.gather({"meters": step_meters.state(), "skipped": skipped, "window": len(window),
+                                               "stop": stopping, "due": due})
+                        step_meters = _merged([a["meters"] for a in agreed])
+                        meters = _merged([meters.state(), step_meters.state()])
+                        skipped = [keys for a in agreed for keys in a["skipped"]]
+                        stepping = len(skipped) < sum(a["window"] for a in agreed)
+                        stopping = next((a["stop"] for a in agreed if a["stop"]), None)
+                        due = any(a["due"] for a in agreed)
                     if cfg["clip_grad_norm"] is not None:
                         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip_grad_norm"])
-                    if len(skipped) < len(window):
+                    if stepping:
                         optimizer.step()
                     if scheduler is not None:
                         scheduler.step()
@@ -329,29 +374,32 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
                     if skipped:
                         line["skipped_nonfinite"] = skipped
                     write(line)
-                    now = time.monotonic()
-                    if (stop["signal"] or (interval and p["step"] % interval == 0)
-                            or (every is not None and now - last_save >= every)):
+                    if stopping or (interval and p["step"] % interval == 0) or due:
                         save()
-                        last_save = now
-                    if stop["signal"]:
+                        last_save = time.monotonic()
+                    if stopping:
+                        world.barrier()  # no rank exits before rank 0's checkpoint is written
                         raise TrainingInterrupted(
-                            f"{stop['signal']}: stopped at step {p['step']} (epoch {p['epoch']}, batch "
+                            f"{stopping}: stopped at step {p['step']} (epoch {p['epoch']}, batch "
                             f"{p['batch_pos']}), checkpoint {manager.latest}; rerun to resume",
-                            signal_name=stop["signal"], step=p["step"], checkpoint=manager.latest)
-                if p["batch_pos"] < n_batches:  # max_steps reached inside an epoch
+                            signal_name=stopping, step=p["step"], checkpoint=manager.latest)
+                if p["batch_pos"] < n_local:  # max_steps reached inside an epoch
                     p["finished"] = True
                     break
-                best = _end_epoch(runner_cls, name, p, score, meters, valid_batches, eval_kwargs, model, write)
+                best = _end_epoch(runner_cls, name, p, score, meters, valid_batches, eval_kwargs, stepped, write, world)
                 meters = _meters_from(None)
                 if (epochs is not None and p["epoch"] >= epochs) or (max_steps is not None and p["step"] >= max_steps):
                     p["finished"] = True  # this save is the last (bench/RESULTS.md 14: one save fewer per run)
                 save(best=best)
                 last_save = time.monotonic()
-                if stop["signal"] and not p["finished"]:  # a signal during evaluation
+                stopping = stop["signal"]
+                if ddp is not None:
+                    stopping = next((s for s in world.gather(stopping) if s), None)
+                if stopping and not p["finished"]:  # a signal during evaluation
+                    world.barrier()
                     raise TrainingInterrupted(
-                        f"{stop['signal']}: stopped after epoch {p['epoch'] - 1} (step {p['step']}), checkpoint "
-                        f"{manager.latest}; rerun to resume", signal_name=stop["signal"], step=p["step"],
+                        f"{stopping}: stopped after epoch {p['epoch'] - 1} (step {p['step']}), checkpoint "
+                        f"{manager.latest}; rerun to resume", signal_name=stopping, step=p["step"],
                         checkpoint=manager.latest)
             if not (p["finished"] and saved_step == p["step"]):
                 save()
@@ -361,27 +409,81 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     return _result(p, manager, resumed_from)
 
 
+def _resume_point(manager, cfg, fingerprint, inputs, ckdir, log_path, world):
+    """(checkpoint, path) to resume from, or None to start at step 0. Rank 0 decides (and is the one that starts over
+    or refuses); the other ranks read the file it chose after it decided."""
+    if world.rank != 0:
+        chosen = world.broadcast()
+        if chosen["refused"]:
+            raise RankLost("rank 0 refused to resume or start (its error is in the log)")
+        return None if chosen["path"] is None else (read_checkpoint(chosen["path"]), Path(chosen["path"]))
+    try:
+        loaded = manager.load_latest()
+        if loaded is not None:
+            ck, path = loaded
+            # keys a checkpoint from before they existed lacks: what they meant then
+            old = {"ranks": ck.get("world_size", 1), **ck.get("config", {})}
+            diff = config_diff(old, cfg) + config_diff(ck.get("inputs") or {}, inputs or {})
+            what = (f"the config differs ({'; '.join(diff)})" if diff else
+                    f"the inputs differ (fingerprint {ck.get('fingerprint')!r} in the checkpoint, {fingerprint!r} now)")
+            if (diff or ck.get("fingerprint") != fingerprint) and ck["progress"]["finished"]:
+                print(f"{path}: a finished run of another config or data ({what}); training starts over",
+                      file=sys.stderr, flush=True)
+                _start_over(ckdir, log_path)
+                loaded = None
+            elif diff or ck.get("fingerprint") != fingerprint:
+                raise ResumeRefused(f"{path} was written by an unfinished run of another config or data: {what}. "
+                                    f"To resume it, go back to that config and data; to start over, delete its "
+                                    f"checkpoints: rm -r {shlex.quote(str(ckdir))} {shlex.quote(str(log_path))}")
+    except SnakeshardError as e:
+        world.broadcast({"refused": str(e), "path": None})
+        raise
+    world.broadcast({"refused": None, "path": None if loaded is None else str(loaded[1])})
+    return loaded
+
+
+def _merged(states: list[dict]):
+    """The ranks' meter states as one AverageMeters (sums and counts added; the same on every rank)."""
+    from snakeshard.metrics.meters import AverageMeters
+
+    return AverageMeters.merge(states)
+
+
+def _zero_backward(model) -> None:
+    """A backward that adds zero to every gradient: a rank that skips a non-finite batch still joins DDP's gradient
+    reduction (the skipped batch counts in the average as zero, as it does in a 1-rank window)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    sum((p * 0).sum() for p in params).backward()
+
+
 def _start_over(ckdir: Path, log_path: Path) -> None:
     """Remove a run's checkpoints and its steps.jsonl: the next step is the first."""
     shutil.rmtree(ckdir, ignore_errors=True)
     log_path.unlink(missing_ok=True)
 
 
-def _end_epoch(runner_cls, name, p, score, meters, valid_batches, eval_kwargs, model, write) -> bool:
-    """Evaluate, log the epoch, update best score and patience, move to the next epoch; True if it is the best."""
+def _end_epoch(runner_cls, name, p, score, meters, valid_batches, eval_kwargs, model, write, world=None) -> bool:
+    """Evaluate, log the epoch, update best score and patience, move to the next epoch; True if it is the best.
+    On several ranks, rank r evaluates valid batches r::size and their meters are merged."""
     import torch
 
+    world = world or World()
     valid = None
     if valid_batches:
         valid = _meters_from(None)
         model.eval()
+        # rank 0's buffers (batch-norm statistics: what its checkpoint holds) on every rank
+        world.broadcast_tensors(list(model.buffers()))
         with torch.no_grad():
-            for b, keys in enumerate(valid_batches):
+            for b in range(world.rank, len(valid_batches), world.size):
+                keys = valid_batches[b]
                 with _step_context(name, "evaluate_step", p, b, keys):
                     out = runner_cls.evaluate_step(keys, **eval_kwargs)
                 if not isinstance(out, dict):
                     raise ContractError(f"{name}.evaluate_step returned a {type(out).__name__}; a dict of meter values")
                 valid.update(out, n=len(keys))
+        if world.size > 1:
+            valid = _merged(world.gather(valid.state()))
         model.train()
     # values, and the meters' states (sums and counts): what AverageMeters.merge combines exactly (ranks, epochs)
     line = {"epoch": p["epoch"], "step": p["step"], "train": {k: _json_value(v) for k, v in meters.avg.items()},
@@ -426,9 +528,24 @@ def _step_context(name: str, method: str, p: dict, batch: int, keys: list) -> No
     except SnakeshardError:
         raise
     except Exception as e:
+        if _peer_gone(e):  # DDP's gradient all-reduce in backward (or a synced layer's) lost another rank
+            first = str(e).splitlines()[0].split(". ")[0][:200]
+            raise RankLost(f"{method} at step {p['step'] + 1} (epoch {p['epoch']}, batch {batch}): a collective "
+                           f"failed ({first}): another rank is gone; the log has its own error") from e
         shown = keys if len(keys) <= 5 else [*keys[:5], f"... {len(keys) - 5} more"]
         raise StepFailed(f"{name}.{method} failed at step {p['step'] + 1} (epoch {p['epoch']}, batch {batch}) on "
                          f"keys {shown}: {type(e).__name__}: {e}") from e
+
+
+def _peer_gone(error: Exception) -> bool:
+    """``error`` is a collective's on several ranks (torch's own types, or the transports' words for a lost peer)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    return isinstance(error, getattr(dist, "DistError", ())) or any(
+        words in str(error) for words in ("Connection closed by peer", "Connection reset by peer", "gloo/transport",
+                                          "NCCL", "ProcessGroup"))
 
 
 def _result(p: dict, manager: CheckpointManager, resumed_from) -> TrainResult:

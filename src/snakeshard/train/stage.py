@@ -4,7 +4,9 @@ It reads the train and valid datasets (every planned key, in plan order), checks
 provider's env once, and gives each split's steps its own ``dataset`` (and ``normalize``: the stats' GlobalMVN).
 train() runs in the train set's dir (checkpoints/, steps.jsonl); then model.pt, metrics.json and curve.png are
 written, each atomically, and ``done`` last. A signal (SIGTERM, SIGUSR1) ends the job with exit status 75 after a
-checkpoint: Snakemake's retry, or a rerun, resumes from it.
+checkpoint: Snakemake's retry, or a rerun, resumes from it. With ``ranks`` > 1 in its loop config the job launches
+that many rank processes (ranks.py), each of which does all of the above on its own device; rank 0 alone prints
+and writes.
 """
 
 from __future__ import annotations
@@ -30,8 +32,21 @@ def cmd_train(args) -> int:
     if spec["fingerprint"] != args.fingerprint:
         raise SnakeshardError(f"{args.spec} was rewritten while this run was going (another snakemake with another "
                               "config or data?); run snakemake again")
-    with naming_stage(spec["stage"]), one_trainer(Path(args.spec).parent):
-        return run_training(spec, Path(args.spec).parent)
+    run_dir = Path(args.spec).parent
+    ranks = int(spec["loop"].get("ranks") or 1)
+    if getattr(args, "rank_worker", False):  # one of the processes the launcher below started: it holds the lock
+        from snakeshard.train.ranks import run_rank
+
+        def rank_body(world, device):
+            with naming_stage(spec["stage"]):
+                return run_training(spec, run_dir, world=world, device=device)
+        return run_rank(spec, run_dir, rank_body)
+    with naming_stage(spec["stage"]), one_trainer(run_dir):
+        if ranks > 1:
+            from snakeshard.train.ranks import launch
+
+            return launch(spec, args, run_dir, ranks)
+        return run_training(spec, run_dir)
 
 
 @contextlib.contextmanager
@@ -57,16 +72,19 @@ def one_trainer(run_dir: Path):
         yield
 
 
-def run_training(spec: dict, run_dir: Path) -> int:
+def run_training(spec: dict, run_dir: Path, *, world=None, device: str | None = None) -> int:
+    """Train in this process: the whole job, or rank ``world.rank`` of a multi-rank one on ``device`` (only rank 0
+    prints and writes the outputs)."""
     from snakeshard.devices import job_devices
     from snakeshard.train.loop import TrainingInterrupted, train
     from snakeshard.train_config import result_inputs
     from snakeshard.user_code import import_object
 
     stage, where = spec["stage"], f"stages.{spec['stage']}"
+    first = world is None or world.rank == 0
     runner_cls = import_object(spec["runner"], f"{where}.runner")
     provider_cls = import_object(spec["provider"], f"{where}.provider")
-    devices = job_devices(spec.get("gpus", 0), stage)
+    devices = job_devices(spec.get("gpus", 0), stage) if world is None else [device]
     train_set, train_keys = _split(spec, "train", where)
     valid_set, valid_keys = _split(spec, "valid", where) if spec["valid"] else (None, [])
     split_env = {"train": {"dataset": train_set}, "valid": {"dataset": valid_set}}
@@ -76,16 +94,21 @@ def run_training(spec: dict, run_dir: Path) -> int:
         env["normalize"] = global_mvn(spec["stats"])
     batches = _batches(spec, train_set, train_keys)
     valid_batches = _batches(spec, valid_set, valid_keys) if valid_set is not None else None
-    print(f"training stage {stage!r}: {len(train_keys)} train keys"
-          + (f" in {len(batches)} fixed batches" if batches is not None else "")
-          + (f", {len(valid_keys)} valid keys" if valid_keys else "") + f", devices {devices}", file=sys.stderr, flush=True)
+    if first:
+        print(f"training stage {stage!r}: {len(train_keys)} train keys"
+              + (f" in {len(batches)} fixed batches" if batches is not None else "")
+              + (f", {len(valid_keys)} valid keys" if valid_keys else "")
+              + (f", devices {devices}" if world is None else ""), file=sys.stderr, flush=True)
     try:
         result = train(runner_cls, env, train_keys, valid_keys, spec["loop"], run_dir, fingerprint=spec["fingerprint"],
                        batches=batches, valid_batches=valid_batches, split_env=split_env, on_line=_print_epoch,
                        inputs=result_inputs(spec))
     except TrainingInterrupted as e:
-        print(f"training stage {stage!r}: {e}", file=sys.stderr, flush=True)
+        if first:
+            print(f"training stage {stage!r}: {e}", file=sys.stderr, flush=True)
         return e.exit_code
+    if not first:
+        return 0
     if result.resumed_from is not None:
         print(f"resumed from {result.resumed_from}", file=sys.stderr)
     from snakeshard.train.outputs import write_outputs
