@@ -404,3 +404,30 @@ def test_a_replan_rewrites_the_slices(tmp_path):
     ensure_plan(set_dir, spec, {"num_shards": 2})
     part = load_dataset({**spec, "shard_items": str(set_dir / "split.1" / SHARD_ITEMS)})
     assert part["u4"]["text"] == "changed"
+
+
+def test_overlapping_shards_are_the_upstream_shards_holding_each_shards_keys():
+    """A chained set's shards and its upstream's cut the same keys: the overlap of their key ranges, checked
+    against the keys themselves for many random cuts."""
+    from snakeshard.plan import overlapping_shards
+
+    def plan_of(sizes):
+        return {"num_items": sum(sizes), "num_shards": len(sizes), "shards": [{"items": n} for n in sizes]}
+
+    def cut(n, rng):
+        bounds = sorted(rng.sample(range(1, n), rng.randrange(0, min(n - 1, 6) + 1)))
+        return [b - a for a, b in zip([0, *bounds], [*bounds, n])]
+
+    rng = random.Random(0)
+    for _ in range(500):
+        n = rng.randrange(1, 40)
+        up, down = cut(n, rng), cut(n, rng)
+        starts_up = [sum(up[:j]) for j in range(len(up))]
+        owner = [max(j for j, s in enumerate(starts_up) if s <= k) for k in range(n)]
+        expected, start = [], 0
+        for size in down:
+            expected.append(sorted({owner[k] for k in range(start, start + size)}))
+            start += size
+        assert overlapping_shards(plan_of(up), plan_of(down)) == expected, (up, down)
+    # not the same keys (should not happen): every shard depends on all of upstream
+    assert overlapping_shards(plan_of([2, 2]), plan_of([3])) == [[0, 1]]

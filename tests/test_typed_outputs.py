@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import kaldiio
@@ -411,18 +413,63 @@ def test_chained_stage_plans_at_parse_reruns_with_its_upstream_and_refuses_a_sta
     assert up.returncode == 0 and sorted(ran(up)) == ["shard_fbank"] * 2 + ["shard_frames"] * 3, up.stderr[-3000:]
     assert kaldiio.load_scp(str(wd / "results/fbank/demo/feats.scp"))["cards-001"].shape[1] == 40
 
+    # one recording of fbank's last shard changes: that shard reruns, and of frames only the shards holding its keys
+    # (a frames shard job reads the fbank shards that hold its keys, and waits for those alone)
+    touched = (wd / "results/fbank/demo/split.1/keys").read_text().split()
+    expected = [n for n in range(3) if set(touched) & set((wd / f"results/frames/demo_fbank/split.{n}/keys").read_text().split())]
+    assert 0 < len(expected) < 3, expected  # the plans overlap so that the test tells
+    before = [(wd / f"results/frames/demo_fbank/split.{n}/done").read_bytes() for n in range(3)]
+    os.utime(wd / f"data/demo/wav/{touched[-1]}.wav", ns=(time.time_ns(), time.time_ns()))
+    part = run_snakemake(wd)
+    assert part.returncode == 0, part.stderr[-3000:]
+    assert sorted(ran(part)) == ["shard_fbank"] + ["shard_frames"] * len(expected), part.stderr[-3000:]
+    after = [(wd / f"results/frames/demo_fbank/split.{n}/done").read_bytes() for n in range(3)]
+    assert [n for n in range(3) if after[n] != before[n]] == expected
+    lines = (wd / "results/frames/demo_fbank/mean").read_text().splitlines()
+    feats = kaldiio.load_scp(str(wd / "results/fbank/demo/feats.scp"))
+    assert lines == [f"{k} {round(float(feats[k].mean()) * 2, 4)}" for k in feats]  # scale: 2, set above
+
     # upstream edited again, parsed (spec.json and fingerprints now expect the new upstream), not rerun
     config["stages"]["fbank"]["provider_config"] = {"num_mel_bins": 30}
     write_config(wd, config)
     assert run_snakemake(wd, "-n").returncode == 0
     status = run_cli(wd, "status").stdout
     assert re.search(r"stage frames, dataset demo_fbank: 3 shards\n  split\.0 +stale .*changed since it ran: "
-                     r"the upstream stage's merged output", status), status
+                     r"the upstream stage's output for its keys", status), status
     job = subprocess.run([sys.executable, "-m", "snakeshard", "run-shard", "--shard", "0",
                           "--spec", "results/frames/demo_fbank/spec.json", "--shard-dir", str(tmp_path / "probe"),
                           "--fingerprint", "x"], cwd=wd, capture_output=True, text=True)
     assert job.returncode == 1
     assert "results/fbank/demo: the merged output is stale" in job.stderr and "refusing to read it" in job.stderr
+
+
+def test_a_downstream_edit_and_an_unrelated_upstream_rerun_in_one_run_redo_exactly_their_shards(tmp_path):
+    """fbank (fingerprint: wav.scp only) -> frames (every record): one key's text changes in frames' first shard and
+    one recording of fbank's last shard is touched. One run redoes fbank's last shard, the frames shards over its
+    keys and the frames shard holding the edited key, and merges (Snakemake skips its own checks of jobs below a
+    job that reruns: a frames canary behind fbank's merge once hid the edited shard, and the merge refused it)."""
+    wd = chained_project(tmp_path / "wf")
+    config = read_config(wd)
+    config["stages"]["fbank"]["fingerprint"] = {"records": ["wav.scp"]}
+    config["stages"]["frames"]["sharding"] = {"shard_size": 2}  # 5 shards over fbank's 2
+    write_config(wd, config)
+    assert run_snakemake(wd).returncode == 0
+    shards = range(5)
+    frames = [(wd / f"results/frames/demo_fbank/split.{n}/keys").read_text().split() for n in shards]
+    touched = (wd / "results/fbank/demo/split.1/keys").read_text().split()
+    edited = frames[0][0]
+    expected = sorted({n for n in shards if set(touched) & set(frames[n])} | {0})
+    assert len(expected) < 4, (frames, touched)  # at least one frames shard has no reason to run
+    before = [(wd / f"results/frames/demo_fbank/split.{n}/done").read_bytes() for n in shards]
+    text = wd / "data/demo/text"
+    text.write_text("".join(line + (" edited" if line.split()[0] == edited else "") + "\n"
+                            for line in text.read_text().splitlines()))
+    os.utime(wd / f"data/demo/wav/{touched[-1]}.wav", ns=(time.time_ns(), time.time_ns()))
+    run = run_snakemake(wd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(ran(run)) == ["shard_fbank"] + ["shard_frames"] * len(expected), run.stderr[-3000:]
+    after = [(wd / f"results/frames/demo_fbank/split.{n}/done").read_bytes() for n in shards]
+    assert [n for n in shards if after[n] != before[n]] == expected
 
 
 @pytest.mark.parametrize("datasets, message", [

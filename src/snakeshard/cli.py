@@ -96,7 +96,7 @@ def merged_state(set_dir: Path, inputs: str) -> str:
 # What a stale shard's done differs in, in the words status uses.
 STALE_CAUSES = {"keys": "its keys", "records": "its keys' records (wav.scp, segments, text, utt2spk or jsonl)",
                 "audio": "its audio files (size or mtime)", "stage": "the stage's config, model files or code",
-                "upstream": "the upstream stage's merged output"}
+                "upstream": "the upstream stage's output for its keys"}
 
 
 def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple[str, str]:
@@ -296,7 +296,8 @@ def build_parser():
     sp.add_argument("--spec", required=True, help="the training stage's spec (train.json in its train set's dir)")
     sp.add_argument("--fingerprint", required=True, help="the fingerprint the run's DAG was built with")
     sp.add_argument("--log", help="this job's log file, named in error messages")
-    sp.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)  # a rank the job's launcher started
+    sp.add_argument("--rank-worker", action="store_true",
+                    help="run as one rank of a multi-rank job (the job's own launcher passes it; not for users)")
     sp.set_defaults(func=cmd_train)
 
     sp = sub.add_parser("merge", help="validate and merge all shards of a stage/dataset (called by the merge rule)")

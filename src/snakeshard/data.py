@@ -435,8 +435,18 @@ class StageOutputDataset(KaldiDataset):
 
         super().__init__(spec)
         self.set_dir = Path(spec["path"])
-        require_current(self.set_dir, spec.get("upstream_inputs"))
-        self.fields = json.loads((self.set_dir / FIELDS_FILE).read_text())
+        # A shard job reads the upstream shards that hold its keys (the job checked they are current, see
+        # job.upstream_shard_dirs); anything else reads the merged output, which must be current.
+        self.sources = spec.get("upstream_dirs")
+        if self.sources:
+            from snakeshard.merge import SHARD_ONLY_META, read_done
+
+            fields = read_done(self.sources[0])["fields"] or {}
+            self.fields = {name: {k: v for k, v in meta.items() if k not in SHARD_ONLY_META}
+                           for name, meta in fields.items()}
+        else:
+            require_current(self.set_dir, spec.get("upstream_inputs"))
+            self.fields = json.loads((self.set_dir / FIELDS_FILE).read_text())
         self._index: dict[str, dict] = {}
 
     def _lookup(self, key: str, name: str, formats) -> tuple[str, str]:
@@ -449,23 +459,32 @@ class StageOutputDataset(KaldiDataset):
             from snakeshard.quickjson import loads
 
             index = self._index[name] = {}
-            path = self.set_dir / meta["index"]
-            # in a shard job, only the shard's keys are kept (the upstream's merged index covers the dataset)
+            # in a shard job, only the shard's keys are kept (an upstream index may hold other keys too)
             # and the file is streamed rather than read whole
             wanted = self._items if self.shard_items else None
-            for line in read_text_lines(path) if wanted is None else _stream_lines(path):
-                if meta["format"] == "jsonl":
-                    record = loads(line)
-                    if wanted is None or record["key"] in wanted:
-                        index[record["key"]] = record["value"]
-                else:
-                    k, _, value = line.partition(" ")
-                    if wanted is None or k in wanted:
-                        index[k] = value
+            for path in self._index_files(meta):
+                for line in read_text_lines(path) if wanted is None else _stream_lines(path):
+                    if meta["format"] == "jsonl":
+                        record = loads(line)
+                        if wanted is None or record["key"] in wanted:
+                            index[record["key"]] = record["value"]
+                    else:
+                        k, _, value = line.partition(" ")
+                        if wanted is None or k in wanted:
+                            index[k] = value
         try:
             return meta["format"], self._index[name][key]
         except KeyError:
-            raise DataError(f"{self.set_dir}/{meta['index']}: no key {key!r}") from None
+            where = ", ".join(str(p) for p in self._index_files(meta))
+            raise DataError(f"{where}: no key {key!r}") from None
+
+    def _index_files(self, meta: dict) -> list[Path]:
+        """Where a field's index lines are: in each upstream shard a shard job reads, else in the merged output."""
+        from pathlib import Path
+
+        if self.sources:
+            return [Path(d) / meta["index"] for d in self.sources]
+        return [self.set_dir / meta["index"]]
 
     def load_array(self, key: str, field: str):
         """An ark or npy field's array for ``key`` (kaldiio, numpy)."""

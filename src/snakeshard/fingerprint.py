@@ -91,7 +91,7 @@ def stage_fingerprint(spec: dict, version: str, code: dict | None = None) -> str
         "batching": [spec.get("batch_size", 1), spec.get("batch_seconds"), spec.get("sort_by_length", False)],
         "outputs": spec.get("outputs") or {},
         # a chained dataset's upstream output counts per shard (shard_inputs_text), not here
-        "dataset": {k: v for k, v in (spec.get("dataset") or {}).items() if k != "upstream_inputs"},
+        "dataset": {k: v for k, v in (spec.get("dataset") or {}).items() if k not in UPSTREAM_PLAN},
         "allow_nonfinite": spec.get("allow_nonfinite") or [],
         "snakeshard": version,
         "model_files": [file_identity(p) for p in model_files_in(provider_config)],
@@ -125,6 +125,8 @@ def audio_identity(paths: list[str], stat_cache: dict) -> str:
     return digest("".join(parts))
 
 
+# What a chained dataset's spec says of its upstream's plan and merge (workflow.Workflow._prepare_set): not a setting
+UPSTREAM_PLAN = ("upstream_inputs", "upstream_shards")
 SHARD_INPUT_PARTS = ("stage", "keys", "records", "audio", "upstream")
 
 
@@ -132,7 +134,7 @@ def shard_inputs_text(stage_fp: str, shard_keys_digest: str, shard_records: str 
                       upstream: str = "") -> str:
     """What a shard's fingerprint is the digest of, as one shell-safe word (hex digests joined by ':').
 
-    ``upstream``: for a chained dataset, the inputs digest of the upstream stage's merged output.
+    ``upstream``: for a chained dataset, the digest of the fingerprints of the upstream shards holding its keys.
     The shard rule passes it to the job, which digests it and records the parts in its done, so
     status can later say which part changed."""
     text = f"{stage_fp}:{shard_keys_digest}:{shard_records}:{shard_audio}"

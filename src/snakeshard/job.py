@@ -15,7 +15,7 @@ import sys
 
 from snakeshard.errors import ERROR_PREFIX, SnakeshardError
 from snakeshard.quickjson import loads
-from snakeshard.shard_files import SHARD_ITEMS
+from snakeshard.shard_files import CANARY_SPEC, SHARD_ITEMS
 
 CANARY = "canary"  # the --shard of a stage's canary job
 
@@ -28,9 +28,10 @@ def read_spec(path: str) -> dict:
 
 def cmd_run_shard(args) -> int:
     spec = read_spec(args.spec)
-    # The job's dataset is its slice (the canary's keys are the first of split.0): see plan.py
+    # The job's dataset is its slice (the canary's keys are the first of split.0, or for a chained dataset of the
+    # upstream canary's, whose slice its spec names): see plan.py
     slice_dir = args.shard_dir if args.shard != CANARY else os.path.join(os.path.dirname(args.spec), "split.0")
-    if os.path.isfile(os.path.join(slice_dir, SHARD_ITEMS)):
+    if os.path.isfile(os.path.join(slice_dir, SHARD_ITEMS)) and "shard_items" not in spec["dataset"]:
         spec["dataset"] = {**spec["dataset"], "shard_items": os.path.join(slice_dir, SHARD_ITEMS)}
     if args.shard != CANARY:
         return _run_shard(args, spec)
@@ -60,9 +61,11 @@ def _run_canary(args, spec: dict) -> int:
         raise type(e)(f"canary of stage {spec['stage']!r} failed, so none of its shard jobs was started; "
                       f"fix the stage, then rerun: {e}") from e.__cause__
     here = os.path.realpath(shard_dir)
-    for old in os.scandir(os.path.dirname(here)):  # canaries of earlier stage fingerprints
-        if old.path != here and old.is_dir():
+    for old in os.scandir(os.path.dirname(here)):  # canaries (and specs) of earlier stage fingerprints
+        if old.is_dir() and old.path != here:
             shutil.rmtree(old.path, ignore_errors=True)
+        elif old.name.endswith(CANARY_SPEC) and old.path != here + CANARY_SPEC:
+            os.unlink(old.path)
     return 0
 
 
@@ -75,13 +78,35 @@ def _run_shard(args, spec: dict) -> int:
     from snakeshard.fingerprint import digest, parse_shard_inputs
 
     label = f"shard {args.shard}" + (f" (log: {args.log})" if args.log else "")
-    with naming_stage(spec["stage"]), _job_env(spec, label) as job:
-        if args.shard_inputs is not None:  # a shard job: its fingerprint is the digest of what it was given
-            fingerprint, inputs = digest(args.shard_inputs), parse_shard_inputs(args.shard_inputs)
-        else:  # the canary: the stage fingerprint
-            fingerprint, inputs = args.fingerprint, None
-        _run_one(spec, job, args.shard, args.shard_dir, fingerprint, inputs, args.log)
+    if args.shard_inputs is not None:  # a shard job: its fingerprint is the digest of what it was given
+        fingerprint, inputs = digest(args.shard_inputs), parse_shard_inputs(args.shard_inputs)
+    else:  # the canary: the stage fingerprint
+        fingerprint, inputs = args.fingerprint, None
+    with naming_stage(spec["stage"]):
+        if inputs is not None:
+            read_upstream_shards(spec, {int(args.shard): inputs})
+        with _job_env(spec, label) as job:
+            _run_one(spec, job, args.shard, args.shard_dir, fingerprint, inputs, args.log)
     return 0
+
+
+def read_upstream_shards(spec: dict, inputs: dict[int, dict]) -> None:
+    """A chained set's shard job (``inputs``: shard -> its fingerprint's parts) reads its keys' upstream output from
+    the upstream shards that hold them (the plan's ``upstream_shards``), once each is checked to be the one its
+    fingerprint was made from; its dataset is told where they are (``upstream_dirs``)."""
+    dataset = spec["dataset"]
+    ranges = dataset.get("upstream_shards")
+    if ranges is None:  # not a chained set
+        return
+    from snakeshard.merge import require_current_shards
+
+    dirs: list[str] = []
+    for shard, parts in inputs.items():
+        first, last = ranges[shard]
+        for d in require_current_shards(dataset["path"], range(first, last + 1), parts.get("upstream", "")):
+            if d not in dirs:
+                dirs.append(d)
+    spec["dataset"] = {**dataset, "upstream_dirs": dirs}
 
 
 STAGE_KEY = "stages.<stage>."  # how messages of code that does not know the stage name its config keys
@@ -185,6 +210,8 @@ def cmd_run_shards(args) -> int:
         slices = [os.path.join(set_dir, f"split.{n}", SHARD_ITEMS) for n in todo]
         spec["dataset"] = {**spec["dataset"], "shard_items": slices}
         label = f"shards {first}-{last}" + (f" (log: {args.log})" if args.log else "")
+        with naming_stage(spec["stage"]):
+            read_upstream_shards(spec, {n: parse_shard_inputs(texts[n - first]) for n in todo})
         with naming_stage(spec["stage"]), _job_env(spec, label) as job:
             for n in todo:
                 try:

@@ -351,6 +351,31 @@ def moved_from(set_dir, record: dict) -> str | None:
     return made if made_elsewhere(made, set_dir) and holds_paths(record.get("files")) else None
 
 
+def require_current_shards(set_dir, shards: range, upstream: str) -> list[str]:
+    """The dirs of ``set_dir``'s shards ``shards`` (an upstream stage's, holding a chained shard's keys), after
+    checking their ``done`` files hold the fingerprints whose digest is ``upstream`` (that shard's fingerprint part);
+    else an error saying they are missing, stale or moved. A chained shard job reads its keys' upstream output from
+    these shard dirs, not from the merge (so that only the shards over changed keys rerun)."""
+    from snakeshard.fingerprint import inputs_digest
+
+    dirs = [os.path.join(set_dir, f"split.{n}") for n in shards]
+    dones = [read_done(d) for d in dirs]
+    missing = [d for d, done in zip(dirs, dones) if done is None]
+    if missing:
+        raise StaleMergedOutput(f"{missing[0]} is not done (no done file): the upstream stage has not computed "
+                                "this shard's keys; run snakemake")
+    moved = next((d for d, done in zip(dirs, dones) if done_moved(done, d)), None)
+    if moved:
+        raise StaleMergedOutput(f"{moved} was computed in {dones[dirs.index(moved)]['shard_dir']} (the project was "
+                                f"moved or copied since): its scp files point there; {moved_fix(Path(set_dir).parent.name)}")
+    if inputs_digest([done.get("fingerprint") for done in dones]) != upstream:
+        raise StaleMergedOutput(
+            f"{set_dir}: the output of split.{shards.start}..split.{shards.stop - 1} is stale: made from other inputs "
+            "than the current plan (data, config or code changed, and the rerun has not redone them yet; "
+            "`snakeshard status` shows which shards are not done): refusing to read it")
+    return dirs
+
+
 def require_current(set_dir, inputs: str) -> dict:
     """``set_dir``'s merged.json if it was made from ``inputs`` (the current plan's digest), here; else an
     error saying the merged files there are missing, stale or moved. Every reader of merged output calls this

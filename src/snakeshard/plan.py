@@ -199,6 +199,28 @@ def read_audio_files(set_dir: str | os.PathLike) -> list[list[str]]:
     return json.loads(Path(set_dir, AUDIO_FILES).read_text())
 
 
+def overlapping_shards(upstream: dict, plan: dict) -> list[list[int]]:
+    """Per shard of ``plan``, the shards of ``upstream`` that hold any of its keys. Both plans cut the same keys in
+    the same order (a chained dataset's are its source's) into contiguous shards, so item counts locate them."""
+    if upstream["num_items"] != plan["num_items"]:  # not the same keys: every shard depends on all of upstream
+        return [list(range(upstream["num_shards"]))] * plan["num_shards"]
+    ends, end = [], 0
+    for shard in upstream["shards"]:
+        end += shard["items"]
+        ends.append(end)
+    found, start, j = [], 0, 0
+    for shard in plan["shards"]:
+        stop = start + shard["items"]
+        while ends[j] <= start:
+            j += 1
+        k = j
+        while ends[k] < stop:
+            k += 1
+        found.append(list(range(j, k + 1)))
+        start = stop
+    return found
+
+
 def shards_text(n: int) -> str:
     """``1 shard``, ``2 shards``."""
     return f"{n} shard" if n == 1 else f"{n} shards"

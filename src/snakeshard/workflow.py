@@ -17,10 +17,10 @@ from snakeshard import __version__
 from snakeshard.atomic import write_if_changed
 from snakeshard.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
 from snakeshard.errors import ERROR_PREFIX, ConfigError, DataError, SnakeshardError
-from snakeshard.fingerprint import (audio_identity, digest, inputs_digest, keys_text, records_digest,
+from snakeshard.fingerprint import (UPSTREAM_PLAN, audio_identity, digest, inputs_digest, keys_text, records_digest,
                                     shard_fingerprint, shard_inputs_text, stage_fingerprint)
-from snakeshard.plan import ensure_plan, read_audio_files
-from snakeshard.shard_files import KEYS_FILE, read_shard_keys
+from snakeshard.plan import ensure_plan, overlapping_shards, read_audio_files
+from snakeshard.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys
 from snakeshard.train_config import (check_stage_kind, is_training, loop_config, model_source, result_inputs,
                                      training_stages)
 from snakeshard.writers import check_outputs_config
@@ -710,6 +710,7 @@ class Workflow:
         self.specs: dict[tuple[str, str], dict] = {}
         self.trainings: dict[str, dict] = {}  # training stage -> what its rule and the stages using its model need
         self.upstream = upstream_of(config)  # chained (stage, dataset) -> the (stage, dataset) it reads
+        self.overlaps: dict[tuple[str, str], list[list[int]]] = {}  # chained set: per shard, the upstream shards
         stat_cache: dict[str, str] = {}  # audio file -> identity, shared by stages over the same data
         try:
             for node in self._in_dependency_order():
@@ -718,7 +719,7 @@ class Workflow:
                 else:
                     self._prepare_set(node[1], node[2], stat_cache, reuse_audio_identity)
             for stage in shard_stages(config):
-                self.canaries[stage] = self._prepare_canary(stage)
+                self._prepare_canary(stage)
         except OSError as e:  # a read-only or full output_dir, an unreadable data file: name the path
             path = str(e.filename or self.out)  # a write to a full disk names no file
             if path.startswith(self.out):
@@ -767,11 +768,13 @@ class Workflow:
         spec = run_spec(self.config, stage, ds)
         options = spec["fingerprint"]
         plan = ensure_plan(base, spec["dataset"], self.config["stages"][stage]["sharding"])
-        # A chained set's shards depend on the whole upstream merged output (Snakemake reruns them all
-        # when it is merged again), so each shard's fingerprint takes the upstream's inputs digest.
-        upstream = self.inputs[self.upstream[stage, ds]] if (stage, ds) in self.upstream else ""
-        if upstream:
-            spec["dataset"]["upstream_inputs"] = upstream  # load_dataset refuses any other merged output
+        up = self.upstream.get((stage, ds))
+        if up:
+            # A chained set's shard job reads the upstream shards that hold its keys (checked current by the job);
+            # a reader of the whole set reads the upstream merge, which must be the current one.
+            self.overlaps[stage, ds] = overlapping_shards(self.plans[up], plan)
+            spec["dataset"]["upstream_shards"] = [[js[0], js[-1]] for js in self.overlaps[stage, ds]]
+            spec["dataset"]["upstream_inputs"] = self.inputs[up]
         source = model_source(self.config, stage)
         if source:  # inference with a trained model: its fingerprint is the stage's (retraining reruns the shards)
             spec["model"] = self.trainings[source]["model"]
@@ -784,16 +787,24 @@ class Workflow:
             code = {role: source_digest(spec[role], f"stages.{stage}.{role}") for role in ("runner", "provider")}
         fp = stage_fingerprint(spec, __version__, code)
         audio = self._audio_digests(base, plan, options, stat_cache, reuse_audio_identity)
+        upstream = self._upstream_digests(stage, ds) if up else [""] * plan["num_shards"]
         inputs = [{"keys": s["keys_digest"], "records": records_digest(s["records"], options["records"]),
-                   "audio": a, "upstream": upstream} for s, a in zip(plan["shards"], audio)]
+                   "audio": a, "upstream": u} for s, a, u in zip(plan["shards"], audio, upstream)]
         for entry in inputs:
-            entry["fingerprint"] = shard_fingerprint(fp, entry["keys"], entry["records"], entry["audio"], upstream)
+            entry["fingerprint"] = shard_fingerprint(fp, entry["keys"], entry["records"], entry["audio"],
+                                                     entry["upstream"])
         self.plans[stage, ds] = plan
         self.stage_fps[stage, ds] = fp
         self.shard_inputs[stage, ds] = inputs
         self.inputs[stage, ds] = inputs_digest([entry["fingerprint"] for entry in inputs])
         record = {"stage": fp, "inputs": self.inputs[stage, ds], "shards": inputs}
         write_if_changed(Path(base) / FINGERPRINTS_FILE, json.dumps(record, indent=0) + "\n")
+
+    def _upstream_digests(self, stage: str, ds: str) -> list[str]:
+        """Per shard of a chained set, the digest of the fingerprints of the upstream shards that hold its keys
+        (what its job reads): a change upstream reruns only the shards over the keys it touched."""
+        fingerprints = [entry["fingerprint"] for entry in self.shard_inputs[self.upstream[stage, ds]]]
+        return [inputs_digest([fingerprints[j] for j in js]) for js in self.overlaps[stage, ds]]
 
     @staticmethod
     def _audio_digests(base: str, plan: dict, options: dict, stat_cache: dict, reuse: bool) -> list[str]:
@@ -849,20 +860,46 @@ class Workflow:
         }
 
     def _prepare_canary(self, stage: str) -> dict:
-        """The canary's dir (under the stage fingerprint, see canary.smk) and its keys: the first N of
-        the stage's first dataset read from disk (else its first, a chained one), rewritten only when they
-        change. A canary over a chained dataset waits for the upstream merge, and reruns with it: it would
-        then rerun the stage's shards over every other dataset too, so those come first."""
+        """The canary's dir (under the stage fingerprint, see canary.smk) and its keys: the first N of the stage's
+        first dataset read from disk, rewritten only when they change.
+
+        A stage over chained datasets only runs its canary over the upstream stage's canary output (its first N
+        keys of those): the canary then waits for the upstream canary alone, which reruns only when every upstream
+        shard does. (Waiting for the upstream merge instead would put every shard of this stage behind a job that
+        reruns whenever any upstream shard does: Snakemake then skips its own rerun checks of these shards.) Its
+        spec is the stage's with that dataset (``<dir>.spec.json``, shard_files.CANARY_SPEC)."""
+        if stage in self.canaries:
+            return self.canaries[stage]
         datasets = self.config["stages"][stage]["datasets"]
         ds = next((d for d in datasets if (stage, d) not in self.upstream), datasets[0])
         base = set_dir(self.config, stage, ds)
         n = canary_items(self.config, stage)
-        keys = read_shard_keys(f"{base}/split.0")[:n] if n else []  # off: read nothing at parse
         stage_fp = self.stage_fps[stage, ds]
         canary_dir = f"{self.out}/{stage}/{CANARY_DIR}/{stage_fp}"
+        canary = {"dir": canary_dir, "spec": f"{base}/spec.json", "items_file": f"{base}/split.0/{SHARD_ITEMS}",
+                  "dataset": self.specs[stage, ds]["dataset"], "fingerprint": stage_fp,
+                  "log": f"{self.out}/{stage}/logs/canary.log", "upstream": []}
+        up = self.upstream.get((stage, ds))
+        if up is None:
+            keys = read_shard_keys(f"{base}/split.0")[:n] if n else []  # off: read nothing at parse
+        elif up[0] in self.config["stages"] and up[0] in shard_stages(self.config):
+            upstream = self._prepare_canary(up[0])
+            keys = read_shard_keys(upstream["dir"])[:n] if n else []
+            dataset = {**{k: v for k, v in canary["dataset"].items() if k not in UPSTREAM_PLAN},
+                       "path": upstream["dir"], "source": upstream["dataset"], "upstream_dirs": [upstream["dir"]]}
+            spec = {**self.specs[stage, ds], "dataset": dataset}
+            canary.update(spec=canary_dir + CANARY_SPEC, items_file=upstream["items_file"], dataset=dataset,
+                          upstream=[f"{upstream['dir']}/done"])
+            write_if_changed(canary["spec"], json.dumps(spec, indent=1, sort_keys=True) + "\n")
+        else:
+            keys = []
+        source = model_source(self.config, stage)
+        if source:  # an inference stage: the trained model
+            canary["upstream"].append(self.trainings[source]["model"]["done"])
         write_if_changed(f"{canary_dir}/{KEYS_FILE}", keys_text(keys))
-        return {"dir": canary_dir, "items": len(keys), "spec": f"{base}/spec.json", "fingerprint": stage_fp,
-                "upstream": self.upstream_merged(stage, ds), "log": f"{self.out}/{stage}/logs/canary.log"}
+        canary["items"] = len(keys)
+        self.canaries[stage] = canary
+        return canary
 
     def shard_inputs_arg(self, stage: str, dataset: str, shard: int) -> str:
         """The shard job's ``--inputs``: the text its fingerprint digests (see fingerprint.shard_inputs_text)."""
@@ -874,11 +911,15 @@ class Workflow:
         """How long before a training job's SLURM time limit it gets SIGTERM (``checkpoint.signal_seconds``)."""
         return int((self.config["stages"][stage].get("checkpoint") or {}).get("signal_seconds", SIGNAL_SECONDS))
 
-    def upstream_merged(self, stage: str, dataset: str) -> list[str]:
-        """What a set's jobs wait for: a chained set's upstream merged.json, an inference stage's trained model's
-        done (none for a dataset read from disk)."""
+    def shard_upstream(self, stage: str, dataset: str, shards: range) -> list[str]:
+        """What the job of a chained set's ``shards`` waits for: the upstream jobs' outputs (split.N/done, or
+        with ``shards_per_job`` a group's) for the shards holding their keys, so that it reruns when one of those
+        does, and not when another does; an inference stage's trained model's done."""
         up = self.upstream.get((stage, dataset))
-        files = [f"{set_dir(self.config, *up)}/merged.json"] if up else []
+        files = []
+        if up:
+            upstream_shards = sorted({j for n in shards for j in self.overlaps[stage, dataset][n]})
+            files = list(dict.fromkeys(self.shard_job_files(*up, j)[1] for j in upstream_shards))
         source = model_source(self.config, stage)
         return files + ([self.trainings[source]["model"]["done"]] if source else [])
 

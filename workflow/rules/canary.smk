@@ -13,7 +13,9 @@
 # job below it from Snakemake's own checks, and an ancient() input that exists stops the walk down from
 # it, so the rerun ran the canary alone and ended "1 of 1 steps done" with every shard still missing.
 # As a plain input, a canary rerun reruns the stage's shards; it reruns only when they do anyway (a new
-# fingerprint), or when asked to (--forcerun, its done deleted). Turning the canary on or off changes
+# fingerprint), or when asked to (--forcerun, its done deleted). A canary over a chained dataset takes the upstream
+# stage's canary output (its keys, its done as input), not the upstream merge: the merge reruns with any upstream
+# shard, the upstream canary only when all of them do. Turning the canary on or off changes
 # only its keys file, so it never reruns finished shards; with `canary: 0` the job writes its done
 # without building anything.
 
@@ -25,8 +27,8 @@ for _stage, _canary in WF.canaries.items():
         name:
             f"canary_{_stage}"
         input:
-            # a canary over a chained dataset reads the upstream's merged output: it waits for it
-            [ancient(path) for path in _canary["upstream"]],
+            # a canary over a chained dataset reads the upstream canary's output; an inference stage's, the model
+            _canary["upstream"],
         output:
             done=f"{_canary['dir']}/done",
         log:

@@ -25,8 +25,11 @@ def _shard_rule_functions(stage):
         return ",".join(WF.shard_inputs_arg(stage, wildcards.dataset, n)
                         for n in range(int(wildcards.first), int(wildcards.last) + 1))
 
-    def upstream(wildcards):  # a chained dataset: the upstream stage's merged output
-        return WF.upstream_merged(stage, wildcards.dataset)
+    def upstream(wildcards):  # a chained dataset's upstream shards over this shard's keys (not the whole merge)
+        return WF.shard_upstream(stage, wildcards.dataset, [int(wildcards.shard)])
+
+    def group_upstream(wildcards):
+        return WF.shard_upstream(stage, wildcards.dataset, range(int(wildcards.first), int(wildcards.last) + 1))
 
     def escalated(name):
         return lambda wildcards, attempt: res[name] * attempt
@@ -36,7 +39,8 @@ def _shard_rule_functions(stage):
 
     resources = {name: res[name] for name in SLURM_PASSTHROUGH if name in res}  # unset ones stay unset
     resources.update(mem_mb=escalated("mem_mb"), runtime=escalated("runtime"), cpus_per_task=res["cpus_per_task"])
-    return SimpleNamespace(inputs=inputs, resources=resources, upstream=upstream, group_keys=group_keys,
+    return SimpleNamespace(inputs=inputs, resources=resources, upstream=upstream, group_upstream=group_upstream,
+                           group_keys=group_keys,
                            group_inputs=group_inputs, group_resources={**resources, "runtime": group_runtime})
 
 
@@ -80,7 +84,7 @@ for _stage in [stage for stage in SHARD_STAGES if WF.shards_per_job(stage) > 1]:
         input:
             shard_keys=_f.group_keys,
             canary=f"{WF.canaries[_stage]['dir']}/done",
-            upstream=_f.upstream,
+            upstream=_f.group_upstream,
         output:
             done=f"{WF.out}/{_stage}/{{dataset}}/jobs/shards.{{first}}-{{last}}.done",
         log:
