@@ -441,6 +441,18 @@ def test_chained_stage_plans_at_parse_reruns_with_its_upstream_and_refuses_a_sta
                           "--fingerprint", "x"], cwd=wd, capture_output=True, text=True)
     assert job.returncode == 1
     assert "results/fbank/demo: the merged output is stale" in job.stderr and "refusing to read it" in job.stderr
+    # a frames shard job as its rule runs it: the fbank shards holding its keys are stale, refused before any item
+    from snakeshard.fingerprint import shard_inputs_text
+
+    record = json.loads((wd / "results/frames/demo_fbank/fingerprints.json").read_text())
+    entry = record["shards"][0]
+    inputs = shard_inputs_text(record["stage"], entry["keys"], entry["records"], entry["audio"], entry["upstream"])
+    job = subprocess.run([sys.executable, "-m", "snakeshard", "run-shard", "--shard", "0",
+                          "--spec", "results/frames/demo_fbank/spec.json", "--shard-dir", str(tmp_path / "probe0"),
+                          "--shard-inputs", inputs], cwd=wd, capture_output=True, text=True)
+    assert job.returncode == 1 and not (tmp_path / "probe0/done").exists()
+    assert re.search(r"results/fbank/demo: the output of split\.0\.\.split\.\d is stale: .*refusing to read it",
+                     job.stderr), job.stderr
 
 
 def test_a_downstream_edit_and_an_unrelated_upstream_rerun_in_one_run_redo_exactly_their_shards(tmp_path):
