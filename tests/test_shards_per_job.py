@@ -121,3 +121,29 @@ def test_the_advice_to_rerun_one_shard_of_a_job_works(toy_workdir, monkeypatch):
     after = dones(toy_workdir)
     assert [name for name in after if after[name] != before[name]] == ["split.5"]
     assert (toy_workdir / TOY / "jobs/shards.4-7.done").exists()
+
+
+def test_auto_groups_one_key_shards_and_merges_the_same_bytes(toy_workdir):
+    """40 one-key shards of the toy stage (shard_size: 1). With shards_per_job: 1, 40 jobs; left out (auto, the
+    default), 8 jobs of 5 shards (32 items fill a job, but a set keeps 8 jobs), and switching to it reruns no
+    shard; from nothing, auto's run merges the same bytes as one job per shard."""
+    set_upper(toy_workdir, sharding={"shard_size": 1}, shards_per_job=1)
+    dry = run_snakemake(toy_workdir, "-n")
+    assert re.search(r"^shard_upper\s+40$", dry.stdout, re.M), dry.stdout
+    assert run_snakemake(toy_workdir).returncode == 0
+    one_per_shard, shards_done = (toy_workdir / TOY / "text").read_bytes(), dones(toy_workdir)
+
+    config = read_config(toy_workdir)
+    del config["stages"]["upper"]["shards_per_job"]
+    write_config(toy_workdir, config)
+    assert run_snakemake(toy_workdir).returncode == 0
+    assert dones(toy_workdir) == shards_done and (toy_workdir / TOY / "text").read_bytes() == one_per_shard
+    assert "shards 0-4: 5 already done with these inputs, 0 to run" in (toy_workdir / TOY / "logs/shards.0-4.log").read_text()
+
+    shutil.rmtree(toy_workdir / "results")
+    dry = run_snakemake(toy_workdir, "-n")
+    assert re.search(r"^shard_upper\s+8$", dry.stdout, re.M), dry.stdout
+    assert run_snakemake(toy_workdir).returncode == 0
+    assert sorted(p.name for p in (toy_workdir / TOY / "jobs").iterdir()) == [
+        f"shards.{n}-{n + 4}.done" for n in (0, 10, 15, 20, 25, 30, 35, 5)]
+    assert len(dones(toy_workdir)) == 40 and (toy_workdir / TOY / "text").read_bytes() == one_per_shard

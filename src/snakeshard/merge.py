@@ -67,16 +67,17 @@ def rerun_command(done_path) -> str:
     done_path = Path(done_path)
     set_dir = done_path.parent.parent
     try:
-        k = json.loads((set_dir / "spec.json").read_text()).get("shards_per_job", 1)
+        spec = json.loads((set_dir / "spec.json").read_text())
+        k, grouped = spec.get("shards_per_job", 1), spec.get("grouped", False)
         num_shards = json.loads((set_dir / "plan.json").read_text())["num_shards"]
     except (OSError, ValueError, KeyError):
-        k = 1
-    if k == 1:
+        grouped = False
+    if not grouped:
         return f"snakemake --profile <your profile> --forcerun {done_path}"
     from snakeshard.workflow import shard_job_files
 
     shard = int(done_path.parent.name.removeprefix("split."))
-    job = shard_job_files(str(set_dir), shard, k, num_shards)[1]
+    job = shard_job_files(str(set_dir), shard, k, num_shards, grouped)[1]
     return f"rm -f {done_path} && snakemake --profile <your profile> --forcerun {job}"
 
 

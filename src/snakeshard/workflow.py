@@ -19,7 +19,7 @@ from snakeshard.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
 from snakeshard.errors import ERROR_PREFIX, ConfigError, DataError, SnakeshardError
 from snakeshard.fingerprint import (UPSTREAM_PLAN, audio_identity, digest, inputs_digest, keys_text, records_digest,
                                     shard_fingerprint, shard_inputs_text, stage_fingerprint)
-from snakeshard.plan import ensure_plan, overlapping_shards, read_audio_files
+from snakeshard.plan import AUTO, ensure_plan, overlapping_shards, read_audio_files, shards_per_job
 from snakeshard.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys
 from snakeshard.train_config import (check_stage_kind, is_training, loop_config, model_source, result_inputs,
                                      training_stages)
@@ -649,7 +649,8 @@ def run_spec(config: dict, stage: str, dataset: str) -> dict:
         "report_seconds": "shard_seconds" in (s.get("sharding") or {}),  # progress in audio seconds too
         "gpus": requested_gpus(s.get("resources") or {}),
         "pool": pool_spec(s),  # not in the fingerprint: a pool gives the same results
-        "shards_per_job": stage_shards_per_job(s),  # nor this: how shards are grouped into jobs
+        # nor these: how shards are grouped into jobs (set once the set is planned: Workflow._group)
+        "shards_per_job": 1, "grouped": False,
         "dataset": dataset,
     }
 
@@ -711,6 +712,7 @@ class Workflow:
         self.trainings: dict[str, dict] = {}  # training stage -> what its rule and the stages using its model need
         self.upstream = upstream_of(config)  # chained (stage, dataset) -> the (stage, dataset) it reads
         self.overlaps: dict[tuple[str, str], list[list[int]]] = {}  # chained set: per shard, the upstream shards
+        self.jobs_k: dict[tuple[str, str], int] = {}  # set -> shards per job (plan.shards_per_job)
         stat_cache: dict[str, str] = {}  # audio file -> identity, shared by stages over the same data
         try:
             for node in self._in_dependency_order():
@@ -718,6 +720,7 @@ class Workflow:
                     self._prepare_training(node[1])
                 else:
                     self._prepare_set(node[1], node[2], stat_cache, reuse_audio_identity)
+            self._write_specs()
             for stage in shard_stages(config):
                 self._prepare_canary(stage)
         except OSError as e:  # a read-only or full output_dir, an unreadable data file: name the path
@@ -778,10 +781,8 @@ class Workflow:
         source = model_source(self.config, stage)
         if source:  # inference with a trained model: its fingerprint is the stage's (retraining reruns the shards)
             spec["model"] = self.trainings[source]["model"]
-        self.specs[stage, ds] = spec
-        # Jobs read the spec from this file, not from a rule param: options listed in
-        # fingerprint_ignore may change without rerunning shards, so they must not be params.
-        write_if_changed(Path(base) / "spec.json", json.dumps(spec, indent=1, sort_keys=True) + "\n")
+        self.specs[stage, ds] = spec  # written to spec.json once every set is planned (_write_specs)
+        self.jobs_k[stage, ds] = shards_per_job(plan, self.config["stages"][stage].get("shards_per_job", AUTO))
         code = None
         if options["code"]:
             code = {role: source_digest(spec[role], f"stages.{stage}.{role}") for role in ("runner", "provider")}
@@ -799,6 +800,15 @@ class Workflow:
         self.inputs[stage, ds] = inputs_digest([entry["fingerprint"] for entry in inputs])
         record = {"stage": fp, "inputs": self.inputs[stage, ds], "shards": inputs}
         write_if_changed(Path(base) / FINGERPRINTS_FILE, json.dumps(record, indent=0) + "\n")
+
+    def _write_specs(self) -> None:
+        """Each set's spec.json, with how its shards are grouped into jobs (known once every set of its stage is
+        planned). Jobs read the spec from this file, not from a rule param: options listed in fingerprint_ignore
+        may change without rerunning shards, so they must not be params."""
+        for (stage, ds), spec in self.specs.items():
+            spec.update(shards_per_job=self.jobs_k[stage, ds], grouped=self.grouped(stage))
+            write_if_changed(Path(set_dir(self.config, stage, ds)) / "spec.json",
+                             json.dumps(spec, indent=1, sort_keys=True) + "\n")
 
     def _upstream_digests(self, stage: str, ds: str) -> list[str]:
         """Per shard of a chained set, the digest of the fingerprints of the upstream shards that hold its keys
@@ -926,8 +936,10 @@ class Workflow:
     def num_shards(self, stage: str, dataset: str) -> int:
         return self.plans[stage, dataset]["num_shards"]
 
-    def shards_per_job(self, stage: str) -> int:
-        return stage_shards_per_job(self.config["stages"][stage])
+    def grouped(self, stage: str) -> bool:
+        """Whether a stage's shards run in jobs of several (``shards_per_job``; its rule is then the group rule,
+        for every dataset of the stage: those whose shards stand alone get jobs of one shard)."""
+        return any(self.jobs_k[stage, ds] > 1 for ds in self.config["stages"][stage]["datasets"])
 
     def job_done_files(self, stage: str, dataset: str) -> list[str]:
         """What the merge waits for: each shard job's output (with ``shards_per_job``, one per K shards)."""
@@ -936,18 +948,15 @@ class Workflow:
 
     def shard_job_files(self, stage: str, dataset: str, shard: int) -> tuple[str, str]:
         """(log, output) of the job that runs ``shard``: its own, or its group's with ``shards_per_job``."""
-        return shard_job_files(set_dir(self.config, stage, dataset), shard, self.shards_per_job(stage),
-                               self.num_shards(stage, dataset))
+        return shard_job_files(set_dir(self.config, stage, dataset), shard, self.jobs_k[stage, dataset],
+                               self.num_shards(stage, dataset), self.grouped(stage))
 
 
-def stage_shards_per_job(stage_config: dict) -> int:
-    """A stage's ``shards_per_job``: K consecutive shards per job (default 1, a job per shard)."""
-    return int(stage_config.get("shards_per_job", 1))
-
-
-def shard_job_files(base: str, shard: int, shards_per_job: int, num_shards: int) -> tuple[str, str]:
-    """(log, rule output) of the job running ``shard`` of the set in ``base`` (the rules in shard.smk)."""
-    if shards_per_job == 1:
+def shard_job_files(base: str, shard: int, shards_per_job: int, num_shards: int,
+                    grouped: bool | None = None) -> tuple[str, str]:
+    """(log, rule output) of the job running ``shard`` of the set in ``base`` (the rules in shard.smk): its own, or
+    when its stage's jobs are ``grouped`` (default: ``shards_per_job`` > 1), its group's."""
+    if not (shards_per_job > 1 if grouped is None else grouped):
         return f"{base}/logs/split.{shard}.log", f"{base}/split.{shard}/done"
     first = shard // shards_per_job * shards_per_job
     last = min(first + shards_per_job, num_shards) - 1

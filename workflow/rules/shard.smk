@@ -44,7 +44,7 @@ def _shard_rule_functions(stage):
                            group_inputs=group_inputs, group_resources={**resources, "runtime": group_runtime})
 
 
-for _stage in [stage for stage in SHARD_STAGES if WF.shards_per_job(stage) == 1]:
+for _stage in [stage for stage in SHARD_STAGES if not WF.grouped(stage)]:
     _f = _shard_rule_functions(_stage)
 
     rule:
@@ -75,7 +75,7 @@ for _stage in [stage for stage in SHARD_STAGES if WF.shards_per_job(stage) == 1]
             " --log {log:q}"
 
 
-for _stage in [stage for stage in SHARD_STAGES if WF.shards_per_job(stage) > 1]:
+for _stage in [stage for stage in SHARD_STAGES if WF.grouped(stage)]:
     _f = _shard_rule_functions(_stage)
 
     rule:
