@@ -65,12 +65,12 @@ def local_reference(tmp_path_factory) -> dict:
     """The README's recipe block, run as written in bash (once per session) from a directory where ``fsdd/``
     links FSDD's recordings: the project, each command's output, the seconds it took, the final outputs' bytes."""
     if "run" not in _LOCAL:
-        from test_readme import readme_block
+        from doc_blocks import doc_block
 
         home = tmp_path_factory.mktemp("recipe")
         (home / "fsdd").mkdir()
         (home / "fsdd/recordings").symlink_to(FSDD.resolve())
-        block = readme_block("bash", "snakeshard init --recipe digits")
+        block = doc_block("README.md", "bash", "snakeshard init --recipe digits")
         marked = "\n".join(f"echo '@@@ {line}'\n{line}" for line in block.splitlines())
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
         start = time.monotonic()
@@ -85,9 +85,9 @@ def local_reference(tmp_path_factory) -> dict:
 
 def shown_outputs() -> dict[str, list[str]]:
     """command -> the lines the README's recipe output block shows under ``$ command``."""
-    from test_readme import fenced_blocks
+    from doc_blocks import fenced_blocks
 
-    block = next(lines for lang, lines in fenced_blocks()
+    block = next(lines for lang, lines in fenced_blocks("README.md")
                  if not lang and lines and lines[0].startswith("$ snakeshard init --recipe"))
     shown: dict[str, list[str]] = {}
     for line in block:
@@ -234,7 +234,7 @@ def test_a_model_change_reruns_train_infer_score_and_added_recordings_only_their
     link_recordings(recordings, range(45, 50))  # 300 more train keys (takes 45-49), appended to train's last shard
     rerun = job_counts(snakemake(wd, "-n"))
     # fbank: train's last shard only, nothing of valid or test. A chained stage's shards read the upstream's whole
-    # merged output, so stats reruns all 4 of its shards (not yet per shard: see the README's recipe section)
+    # merged output, so stats reruns all 4 of its shards (not yet per shard: see docs/recipe-digits.md)
     assert rerun["shard_fbank"] == 1 and rerun["shard_stats"] == 4, rerun
     assert rerun["train_train"] == 1 and rerun["shard_infer"] == 2 and rerun["merge"] == 4, rerun
     snakemake(wd)
