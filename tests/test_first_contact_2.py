@@ -348,13 +348,14 @@ def test_your_own_project_block_says_how_to_install_the_extras():
     import re
     import tomllib
 
-    from test_readme import fenced_blocks
+    from doc_blocks import doc_text, fenced_blocks
 
-    block = next(lines for lang, lines in fenced_blocks() if lang == "bash" and lines[0].startswith("python3 -m venv"))
+    block = next(lines for lang, lines in fenced_blocks("README.md")
+                 if lang == "bash" and lines[0].startswith("python3 -m venv"))
     extras_line = next(line for line in block if "[demo,torch]" in line)
     assert extras_line.startswith("# ")
     command = extras_line.split(": ", 1)[1]
-    readme = (PROJECT / "README.md").read_text()
+    readme = doc_text("README.md")
     command_1 = readme.split("## From a clone: two commands", 1)[1].split("```bash\n", 1)[1].splitlines()[1]
     pin = re.search(r"pip install -q (torch==\S+)", command_1).group(1)
     assert command == (f"~/.venvs/snakeshard/bin/pip install -q {pin} && "

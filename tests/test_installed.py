@@ -14,14 +14,15 @@ import time
 import pytest
 
 from conftest import PROJECT, shard_process
-from test_readme import fenced_blocks, shown_output
+from doc_blocks import fenced_blocks, shown_output
 
 
 @pytest.fixture(scope="module")
 def quick_start(tmp_path_factory) -> dict:
     """Run the README's quick-start block in bash, the venv and the clone's paths substituted."""
     home = tmp_path_factory.mktemp("user")
-    block = next(lines for lang, lines in fenced_blocks() if lang == "bash" and lines[0].startswith("python3 -m venv"))
+    block = next(lines for lang, lines in fenced_blocks("README.md")
+                 if lang == "bash" and lines[0].startswith("python3 -m venv"))
     script = "\n".join(block).replace("~/.venvs/snakeshard", str(home / "venv")).replace("./snakeshard", str(PROJECT))
     # Each command's output, marked so the test can compare it with what the README shows.
     marked = "\n".join(f"echo '@@@ {line.split('#')[0].strip()}'\n{line}" for line in script.splitlines())
@@ -41,11 +42,11 @@ def venv_run(qs: dict, *args: str, **kwargs) -> subprocess.CompletedProcess:
 
 def test_quick_start_prints_what_the_readme_shows(quick_start):
     out = quick_start["outputs"]
-    assert out["snakeshard init my_project"].splitlines()[0] == shown_output("snakeshard init my_project")[0]
-    assert out["snakeshard plan"].splitlines() == shown_output("snakeshard plan")
-    assert out["snakeshard status"].splitlines() == shown_output("snakeshard status")
+    assert out["snakeshard init my_project"].splitlines()[0] == shown_output("README.md", "snakeshard init my_project")[0]
+    assert out["snakeshard plan"].splitlines() == shown_output("README.md", "snakeshard plan")
+    assert out["snakeshard status"].splitlines() == shown_output("README.md", "snakeshard status")
     dry = quick_start["stderr"] + out["snakemake -n"]
-    for line in shown_output("snakemake -n"):
+    for line in shown_output("README.md", "snakemake -n"):
         assert line in dry.splitlines(), line
     assert "5 of 5 steps (100%) done" in quick_start["stderr"]
     energy = (quick_start["project"] / "results/energy/demo/energy_db").read_text().splitlines()

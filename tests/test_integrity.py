@@ -340,9 +340,9 @@ def test_a_moved_project_says_which_sets_point_back_and_the_fix_works(tmp_path):
 
 
 def test_driver_killed_while_the_canary_runs_then_one_rerun_finishes_the_workflow(tmp_path):
-    """kill -9 of snakemake while the canary job runs (the orphaned job finishes its done), then the README's
-    recovery (--unlock, rerun): one rerun runs the canary again, every shard and the merge (before: it ran
-    the canary alone, said "1 of 1 steps (100%) done", and left 4 shards pending)."""
+    """kill -9 of snakemake while the canary job runs (the orphaned job finishes its done), then the recovery of
+    docs/failures-and-reruns.md (--unlock, rerun): one rerun runs the canary again, every shard and the merge
+    (before: it ran the canary alone, said "1 of 1 steps (100%) done", and left 4 shards pending)."""
     import psutil
 
     keys = KEYS[:8]

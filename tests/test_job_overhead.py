@@ -58,7 +58,7 @@ def test_the_patches_replace_snakemakes_methods_once():
     from snakemake.persistence import PersistenceBase
     from snakemake.scheduling.job_scheduler import JobScheduler
 
-    applied = {"scheduler": True, "params": True, "input_sizes": True}
+    applied = {"scheduler_wakeup": True, "input_sizes": True, "params_pandas": True}  # on a checked Snakemake
     assert snakemake_patches.apply() == snakemake_patches.apply() == applied  # idempotent
     assert JobScheduler._schedule_reevalutation is snakemake_patches.coalesced_reevaluation
     assert JobScheduler.update_input_sizes is snakemake_patches.input_sizes_once

@@ -1,4 +1,5 @@
-"""The README is true: its example stage runs as written, its outputs are a real run's, CI runs its commands."""
+"""The README and the pages under docs/ are true: their example stage runs as written, their outputs are a real
+run's, CI runs the README's commands."""
 
 from __future__ import annotations
 
@@ -10,22 +11,16 @@ import tomllib
 import yaml
 
 from conftest import PROJECT, read_config, run_cli, run_snakemake, write_config
+from doc_blocks import doc_block, doc_text, prose, shown_output
 
 TEMPLATE = PROJECT / "src/snakeshard/project_template"
-
-
-def readme_block(lang: str, first_line: str) -> str:
-    """The README code block in ``lang`` whose first line starts with ``first_line``."""
-    for block in re.findall(rf"```{lang}\n(.*?)```", (PROJECT / "README.md").read_text(), re.S):
-        if block.startswith(first_line):
-            return block
-    raise AssertionError(f"README has no ```{lang} block starting with {first_line!r}")
+GUIDE, STAGES, OUTPUTS, RERUNS = "docs/guide.md", "docs/stages.md", "docs/outputs.md", "docs/failures-and-reruns.md"
 
 
 def test_readme_custom_stage_runs_as_written(workdir, monkeypatch):
-    """my_stage.py + its config stage from the README: 3 shards, merged duration/energy_db for all 10 keys."""
-    (workdir / "my_stage.py").write_text(readme_block("python", "# my_stage.py"))
-    stage = yaml.safe_load(readme_block("yaml", "  energy:"))
+    """my_stage.py + its config stage from the guide: 3 shards, merged duration/energy_db for all 10 keys."""
+    (workdir / "my_stage.py").write_text(doc_block(GUIDE, "python", "# my_stage.py"))
+    stage = yaml.safe_load(doc_block(GUIDE, "yaml", "  energy:"))
     config = read_config(workdir)
     config["stages"].update(stage)
     write_config(workdir, config)
@@ -38,12 +33,12 @@ def test_readme_custom_stage_runs_as_written(workdir, monkeypatch):
     assert list(durations) == [line.split()[0] for line in (workdir / "data/demo/wav.scp").read_text().splitlines()]
     assert durations["cards-001"] == "1.095"
 
-    # The in-process lines of the README's doctest-style example give what it shows.
+    # The in-process lines of the guide's doctest-style example give what it shows.
     monkeypatch.chdir(workdir)
     monkeypatch.syspath_prepend(str(workdir))
     from my_stage import EnergyProvider, EnergyRunner
 
-    shown = readme_block("python", ">>> from my_stage")
+    shown = doc_block(GUIDE, "python", ">>> from my_stage")
     expected = re.search(r">>> runner\(\[\"cards-001\"\]\).*\n(.*)\n", shown).group(1)
     runner = EnergyRunner(EnergyProvider({"dataset": {"path": "data/demo"}}))
     assert repr(runner(["cards-001"])) == expected
@@ -54,9 +49,9 @@ def test_readme_custom_stage_runs_as_written(workdir, monkeypatch):
 
 
 def test_readme_stage_is_what_init_writes():
-    """The README's my_stage.py and project Snakefile are the files `snakeshard init` writes."""
-    assert readme_block("python", "# my_stage.py") == (TEMPLATE / "my_stage.py").read_text()
-    shown = readme_block("python", "# A snakeshard project")
+    """The guide's my_stage.py and the README's project Snakefile are the files `snakeshard init` writes."""
+    assert doc_block(GUIDE, "python", "# my_stage.py") == (TEMPLATE / "my_stage.py").read_text()
+    shown = doc_block("README.md", "python", "# A snakeshard project")
     assert (TEMPLATE / "Snakefile").read_text().startswith(shown)
 
 
@@ -73,7 +68,7 @@ def test_ci_runs_the_readme_commands_and_command_1_installs_what_command_2_needs
     """Defect: command 1 installed .[demo] only, so command 2 answered `No module named pytest`."""
     printed = subprocess.run([sys.executable, PROJECT / ".ci/readme_commands.py"], capture_output=True, text=True,
                              check=True).stdout.splitlines()
-    section = (PROJECT / "README.md").read_text().split("## From a clone: two commands", 1)[1]
+    section = doc_text("README.md").split("## From a clone: two commands", 1)[1]
     assert printed == [line for line in section.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
                        if line and not line.startswith("#")]
     setup, tests = printed
@@ -88,35 +83,10 @@ def test_ci_runs_the_readme_commands_and_command_1_installs_what_command_2_needs
 
 
 def test_readme_stands_alone():
-    """No link outside the repository (../shared is not in a clone)."""
-    readme = (PROJECT / "README.md").read_text()
-    assert "../shared" not in readme and "DESIGN.md" not in readme
-
-
-def fenced_blocks() -> list[tuple[str, list[str]]]:
-    """(language, lines) of every fenced block of the README, in order (fences may be indented)."""
-    blocks, current, lang = [], None, ""
-    for line in (PROJECT / "README.md").read_text().splitlines():
-        fence = line.strip().startswith("```")
-        if fence and current is None:
-            current, lang = [], line.strip()[3:]
-        elif fence:
-            blocks.append((lang, current))
-            current = None
-        elif current is not None:
-            current.append(line)
-    return blocks
-
-
-def shown_output(command: str) -> list[str]:
-    """The lines the README shows under ``$ <command>`` in an output block, up to the next ``$`` line."""
-    for lang, lines in fenced_blocks():
-        for i, line in enumerate(lines):
-            if not lang and line.startswith(f"$ {command}"):
-                rest = lines[i + 1:]
-                end = next((j for j, x in enumerate(rest) if x.startswith("$ ")), len(rest))
-                return rest[:end]
-    raise AssertionError(f"README shows no output of {command!r}")
+    """No link outside the repository (../shared is not in a clone), in the README or a page under docs/."""
+    for page in ["README.md", *sorted(str(p.relative_to(PROJECT)) for p in (PROJECT / "docs").glob("*.md"))]:
+        text = doc_text(page)
+        assert "../shared" not in text and "DESIGN.md" not in text, page
 
 
 def job_stats(text: str) -> list[str]:
@@ -129,41 +99,41 @@ def job_stats(text: str) -> list[str]:
 
 
 def test_readme_demo_outputs_are_real(workdir):
-    """`snakeshard plan`, `snakemake -n` and `snakeshard status` of the demo print what the README shows."""
-    assert run_cli(workdir, "plan").stdout.splitlines() == shown_output("snakeshard plan                      #")
+    """`snakeshard plan`, `snakemake -n` and `snakeshard status` of the demo print what the guide shows, and the demo's
+other outputs what the README and docs/stages.md and docs/outputs.md show."""
+    assert run_cli(workdir, "plan").stdout.splitlines() == shown_output(GUIDE, "snakeshard plan                      #")
     dry = run_snakemake(workdir, "-n")
-    assert job_stats(dry.stdout + dry.stderr) == shown_output("snakemake -n --profile config/profiles/local")
+    assert job_stats(dry.stdout + dry.stderr) == shown_output(GUIDE, "snakemake -n --profile config/profiles/local")
     run = run_snakemake(workdir)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run_cli(workdir, "status").stdout.splitlines() == shown_output("snakeshard status                    #")
-    # the score stage: its metrics.txt as the README shows it, and the WER line it quotes
+    assert run_cli(workdir, "status").stdout.splitlines() == shown_output(GUIDE, "snakeshard status                    #")
+    # the score stage: its metrics.txt as docs/stages.md shows it, and the WER lines the README quotes
     metrics = (workdir / "results/score/demo_asr/metrics.txt").read_text().splitlines()
-    assert metrics[:2] == shown_output("head -2 results/score/demo_asr/metrics.txt")
+    assert metrics[:2] == shown_output("README.md", "head -2 results/score/demo_asr/metrics.txt")
     assert (workdir / "results/score/demo_asr/alignment.jsonl").read_text().splitlines()[1:2] == shown_output(
-        "sed -n 2p results/score/demo_asr/alignment.jsonl")
-    assert metrics[:len(shown_output("cat results/score/demo_asr/metrics.txt"))] == shown_output(
-        "cat results/score/demo_asr/metrics.txt")
+        STAGES, "sed -n 2p results/score/demo_asr/alignment.jsonl")
+    assert metrics[:len(shown_output(STAGES, "cat results/score/demo_asr/metrics.txt"))] == shown_output(
+        STAGES, "cat results/score/demo_asr/metrics.txt")
     assert (workdir / "results/score/demo_asr/metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the typed outputs of the fbank and vad stages, and the chained fbank over vad's output
     for path in ("results/vad/demo/speech.jsonl", "results/fbank/demo/utt2num_frames",
                  "results/fbank/demo_vad/utt2num_frames"):
-        assert (workdir / path).read_text().splitlines()[:2] == shown_output(f"head -2 {path}")
+        assert (workdir / path).read_text().splitlines()[:2] == shown_output(STAGES, f"head -2 {path}")
     padding = (workdir / "results/fbank/demo/logs/split.0.log").read_text().splitlines()
-    assert next(line for line in padding if "padding" in line) in " ".join(
-        (PROJECT / "README.md").read_text().replace("`", "").split())
+    assert next(line for line in padding if "padding" in line) in prose(OUTPUTS)
     # the stats stage: its files, its log's seconds line (timings vary), and the GlobalMVN lines
     assert (workdir / "results/stats/train/speech_shape").read_text().splitlines()[:2] == shown_output(
-        "head -2 results/stats/train/speech_shape")
+        STAGES, "head -2 results/stats/train/speech_shape")
     assert (workdir / "results/stats/train/stats_keys").read_text().splitlines() == shown_output(
-        "cat results/stats/train/stats_keys")
+        STAGES, "cat results/stats/train/stats_keys")
     log = (workdir / "results/stats/train/logs/split.0.log").read_text()
     assert re.search(r"shard 0: 6 items \(16\.2 s of audio, \d+x real time\) in \d+\.\d\d s", log), log
-    assert "shard 0: 6 items (16.2 s of audio, " in (PROJECT / "README.md").read_text()
+    assert "shard 0: 6 items (16.2 s of audio, " in doc_text(STAGES)
     import doctest
     import os
 
-    block = readme_block("python", ">>> import kaldiio, numpy as np")
-    test = doctest.DocTestParser().get_doctest(block, {}, "README", "README.md", 0)
+    block = doc_block(STAGES, "python", ">>> import kaldiio, numpy as np")
+    test = doctest.DocTestParser().get_doctest(block, {}, STAGES, STAGES, 0)
     cwd = os.getcwd()
     os.chdir(workdir)
     try:
@@ -174,56 +144,56 @@ def test_readme_demo_outputs_are_real(workdir):
 
 def test_readme_rerun_after_new_audio_is_real(workdir):
     """'What reruns when something changes': new audio at an existing path makes status and the dry run
-    print what the README shows (one stale shard, one shard job, then merge and score)."""
+    print what docs/failures-and-reruns.md shows (the stale shards with their causes, then the jobs that rerun)."""
     import shutil
 
     assert run_snakemake(workdir).returncode == 0
     shutil.copyfile(workdir / "data/demo/wav/cards-002.wav", workdir / "data/demo/wav/cards-001.wav")
     status = run_cli(workdir, "status").stdout.splitlines()
-    assert status == shown_output("snakeshard status                    # before rerunning")
+    assert status == shown_output(RERUNS, "snakeshard status                    # before rerunning")
     dry = run_snakemake(workdir, "-n")
-    assert job_stats(dry.stdout + dry.stderr) == shown_output("snakemake -n --profile config/profiles/local     # after")
+    assert job_stats(dry.stdout + dry.stderr) == shown_output(RERUNS, "snakemake -n --profile config/profiles/local     # after")
 
 
 def test_readme_batch_example_is_real():
-    """The doctest-style collate/unbatch lines print what the README shows."""
+    """The doctest-style collate/unbatch lines print what docs/outputs.md shows."""
     import doctest
 
-    block = readme_block("python", ">>> import numpy as np")
-    test = doctest.DocTestParser().get_doctest(block, {}, "README", "README.md", 0)
+    block = doc_block(OUTPUTS, "python", ">>> import numpy as np")
+    test = doctest.DocTestParser().get_doctest(block, {}, OUTPUTS, OUTPUTS, 0)
     assert doctest.DocTestRunner().run(test).failed == 0
 
 
 def test_readme_metrics_example_is_real():
-    """The meters and metrics lines in "Scoring" print what the README shows."""
+    """The meters and metrics lines in docs/stages.md's "Scoring" print what it shows."""
     import doctest
 
-    block = readme_block("python", ">>> from snakeshard.metrics import")
-    test = doctest.DocTestParser().get_doctest(block, {}, "README", "README.md", 0)
+    block = doc_block(STAGES, "python", ">>> from snakeshard.metrics import")
+    test = doctest.DocTestParser().get_doctest(block, {}, STAGES, STAGES, 0)
     assert doctest.DocTestRunner().run(test).failed == 0
 
 
 def test_readme_pool_example_runs_as_shown(tmp_path):
-    """`python my_pool.py` (the README's pool example, written to a fresh directory) prints what the README shows."""
+    """`python my_pool.py` (the guide's pool example, written to a fresh directory) prints what the guide shows."""
     import subprocess
     import sys
 
-    (tmp_path / "my_pool.py").write_text(readme_block("python", "# my_pool.py"))
+    (tmp_path / "my_pool.py").write_text(doc_block(GUIDE, "python", "# my_pool.py"))
     run = subprocess.run([sys.executable, "my_pool.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines() == shown_output("python my_pool.py")
+    assert run.stdout.splitlines() == shown_output(GUIDE, "python my_pool.py")
 
 
 def test_readme_scoring_stage_block_is_the_shipped_one():
-    """The score stage the README shows is the demo config's (comments aside)."""
-    shown = yaml.safe_load(readme_block("yaml", "datasets:\n  demo_asr:"))
+    """The score stage docs/stages.md shows is the demo config's (comments aside)."""
+    shown = yaml.safe_load(doc_block(STAGES, "yaml", "datasets:\n  demo_asr:"))
     config = yaml.safe_load((PROJECT / "config/config.yaml").read_text())
     assert shown["stages"]["score"] == {k: v for k, v in config["stages"]["score"].items() if k != "resources"}
     assert shown["datasets"]["demo_asr"] == config["datasets"]["demo_asr"]
 
 
 def test_readme_config_block_is_a_valid_config():
-    """The annotated config in the README's Config section passes the schema and its cross-checks."""
+    """The annotated config in the guide's config section passes the schema and its cross-checks."""
     from snakeshard.workflow import validate_config
 
-    validate_config(yaml.safe_load(readme_block("yaml", "output_dir: results")))
+    validate_config(yaml.safe_load(doc_block(GUIDE, "yaml", "output_dir: results")))

@@ -65,12 +65,12 @@ def local_reference(tmp_path_factory) -> dict:
     """The README's recipe block, run as written in bash (once per session) from a directory where ``fsdd/``
     links FSDD's recordings: the project, each command's output, the seconds it took, the final outputs' bytes."""
     if "run" not in _LOCAL:
-        from test_readme import readme_block
+        from doc_blocks import doc_block
 
         home = tmp_path_factory.mktemp("recipe")
         (home / "fsdd").mkdir()
         (home / "fsdd/recordings").symlink_to(FSDD.resolve())
-        block = readme_block("bash", "snakeshard init --recipe digits")
+        block = doc_block("README.md", "bash", "snakeshard init --recipe digits")
         marked = "\n".join(f"echo '@@@ {line}'\n{line}" for line in block.splitlines())
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
         start = time.monotonic()
@@ -85,9 +85,9 @@ def local_reference(tmp_path_factory) -> dict:
 
 def shown_outputs() -> dict[str, list[str]]:
     """command -> the lines the README's recipe output block shows under ``$ command``."""
-    from test_readme import fenced_blocks
+    from doc_blocks import fenced_blocks
 
-    block = next(lines for lang, lines in fenced_blocks()
+    block = next(lines for lang, lines in fenced_blocks("README.md")
                  if not lang and lines and lines[0].startswith("$ snakeshard init --recipe"))
     shown: dict[str, list[str]] = {}
     for line in block:

@@ -214,7 +214,7 @@ def test_broken_stage_submits_one_canary_job_not_one_per_shard(toy_workdir):
 
 
 def test_driver_killed_then_its_jobs_cancelled_by_run_id_and_one_rerun_submits_each_missing_shard_once(toy_workdir):
-    """The README's recovery after the driver dies on SLURM: the dead run's ID from Snakemake's log, `scancel
+    """docs/slurm.md's recovery after the driver dies on SLURM: the dead run's ID from Snakemake's log, `scancel
     --name` of its jobs still pending or running, --unlock, one rerun. The rerun submits exactly the shards
     without a done, none of them twice, and no job of the dead run is left to run beside it."""
     import psutil
@@ -238,7 +238,7 @@ def test_driver_killed_then_its_jobs_cancelled_by_run_id_and_one_rerun_submits_e
     queued = subprocess.run(["squeue", "-h", "--name", run_id, "-O", "JobID:12,Comment:60,State:12"],
                             capture_output=True, text=True).stdout
     assert queued.strip(), "the dead run's jobs should still be on the cluster"
-    # what the README shows to tell a run's jobs apart: each one's rule and shard, in its comment
+    # what docs/slurm.md shows to tell a run's jobs apart: each one's rule and shard, in its comment
     assert re.search(r"rule_shard_upper_wildcards_toy_\d\s", queued), queued
     subprocess.run(["scancel", "--name", run_id], check=True)
     deadline = time.time() + 60

@@ -118,13 +118,13 @@ def reference(tmp_path_factory, threads: int) -> dict:
 
 
 def test_train_infer_score_then_a_model_change_reruns_training_inference_and_scoring_only(tmp_path):
-    """The README's training example (its tones.py and its train and infer stages) as written, and its output."""
-    from test_readme import readme_block
+    """docs/stages.md's training example (its tones.py and its train and infer stages) as written, and its output."""
+    from doc_blocks import doc_block, doc_text
 
     wd = make_project(tmp_path / "p")
-    (wd / "tones.py").write_text(readme_block("python", "# tones.py"))
+    (wd / "tones.py").write_text(doc_block("docs/stages.md", "python", "# tones.py"))
     config = train_project.config()
-    config["stages"].update(yaml.safe_load(readme_block("yaml", "  train:")))
+    config["stages"].update(yaml.safe_load(doc_block("docs/stages.md", "yaml", "  train:")))
     write(wd, config)
     dry = run_snakemake(wd, "-n")
     assert dry.returncode == 0, dry.stderr[-3000:]
@@ -153,9 +153,9 @@ def test_train_infer_score_then_a_model_change_reruns_training_inference_and_sco
 
     assert "Nothing to be done" in run_snakemake(wd, "-n").stdout
     status = run_cli(wd, "status").stdout
-    readme = (PROJECT / "README.md").read_text()
-    start = readme.index("```\n$ tail -2 results/train/feats_train/logs/train.log\n") + 4
-    shown = readme[start:readme.index("```", start)].splitlines()
+    page = doc_text("docs/stages.md")
+    start = page.index("```\n$ tail -2 results/train/feats_train/logs/train.log\n") + 4
+    shown = page[start:page.index("```", start)].splitlines()
     assert shown[1:3] == log.splitlines()[-2:]
     assert shown[3] == "$ snakeshard status | grep training" and shown[4] in status.splitlines()
     set_training(wd, hidden=16)  # the model's config only

@@ -1,4 +1,4 @@
-"""``snakeshard`` command line: init, plan, run-shard, train, merge, report, status, wer.
+"""``snakeshard`` command line: init, plan, run-shard, train, merge, report, status, wer, config-reference.
 
 The Snakefile's rules call ``python -m snakeshard run-shard/train/merge``; people call
 ``snakeshard plan`` and ``snakeshard status``. Errors on bad input print one
@@ -237,6 +237,16 @@ def cmd_init(args) -> int:
     return 0
 
 
+def cmd_config_reference(args) -> int:
+    from snakeshard.config_reference import render, write
+
+    if args.output is None:
+        print(render(), end="")
+        return 0
+    print(f"{'wrote' if write(args.output) else 'unchanged:'} {args.output}")
+    return 0
+
+
 def build_parser():
     """The whole command line (argparse.ArgumentParser), imported here: a shard job parses its own line
     (job.JOB_COMMANDS), with the same options as the run-shard and run-shards parsers below."""
@@ -330,4 +340,9 @@ def build_parser():
                                         "remove_punctuation); default: none, the text as written")
     sp.add_argument("--out", help="also write the printed line to this file (default: print only)")
     sp.set_defaults(func=cmd_wer)
+
+    sp = sub.add_parser("config-reference", help="print every config key with its type, default and meaning, as "
+                                                 "Markdown, from the config schema (docs/config.md is its output)")
+    sp.add_argument("--output", metavar="FILE", help="write it to FILE (e.g. docs/config.md) instead of printing it")
+    sp.set_defaults(func=cmd_config_reference)
     return p

@@ -1,34 +1,21 @@
 """Three fixes to Snakemake 9's driver costs, applied by the workflow (``workflow/rules/common.smk``).
 
-Each replaces a private method, is written against Snakemake 9.27.1 and are applied only where the
-method exists under that name; elsewhere Snakemake runs as shipped. Nothing else changes.
+Each replaces one private Snakemake method, and only on the Snakemake versions it was checked against
+(``PATCHES``); on any other version that patch is left out, the run says so once on stderr, and Snakemake
+runs as shipped. Nothing else changes. ``docs/upstream/<patch>.md`` has, for each, the cost, a standalone
+reproduction with measured figures and the fix proposed to Snakemake; ``tests/test_snakemake_patches.py``
+fails, naming the patch, when the installed Snakemake is not the one it was checked against.
 
-1. One pending scheduler wake-up at a time. ``JobScheduler.schedule`` ends every pass, when a job
-   rate limit is set (the CLI always sets one: ``--max-jobs-per-timespan 100/1s``), by starting a
-   ``threading.Timer`` that wakes the scheduler for another pass a second later. That pass starts its
-   own timer, so each wake-up that came from elsewhere (a finished job) starts a chain of passes that
-   never ends: after k finished jobs, k passes per second, each choosing among the ready jobs. With
-   thousands of short shard jobs the scheduler's CPU per job grows with the run's length
-   (bench/job_overhead.py, 1,000 one-key shards on 2 cores: 51.8 ms of scheduler CPU per job before
-   this patch, 10.2 ms with it; 1,000 ``echo`` jobs: 9.5). The wake-up is there so that jobs held back
-   by the rate limit get scheduled once the window has passed; one pending timer does that as well as
-   many. ``_schedule_reevalutation`` (sic) is replaced by a version that starts a timer only when none
-   is pending that fires at or before the one asked for.
-
-2. No pandas import to record a job's params. When the first job finishes, Snakemake's persistence
-   serializes the job's params (for its ``params`` rerun trigger) with a function chosen once: if
-   pandas is installed, one that imports pandas to test whether a param is a DataFrame. That import
-   costs 0.3-0.6 s of the driver, between the first job's end and the next job's start (the whole
-   pipeline waits: bench/scoring.py's timeline). A param can only be a pandas object if pandas is
-   already imported, so the replacement tests ``sys.modules`` and imports nothing; the recorded text
-   is the same either way.
-
-3. Input sizes stat'ed once per file. Before every scheduling pass, ``JobScheduler.job_selector``
-   stats every input of every ready job it considers (``--scheduler-subsample``: up to 100) for
-   their sizes, each through two coroutines (exists, size): with thousands of one-key shard jobs,
-   ~100 files stat'ed per finished job, about 2 ms of scheduler CPU per job. The inputs of a ready
-   job are finished files that do not change while it waits, so the replacement stats only those
-   it has no size for yet; the sizes the job selector sees are the same.
+- ``scheduler_wakeup`` (``JobScheduler._schedule_reevalutation``, sic): every scheduling pass with ready
+  jobs starts a 1-s timer whose pass starts another, so each finished job adds a chain of passes.
+  Replaced by one pending wake-up at a time (1,000 one-key shards: 51.8 -> 10.2 ms of scheduler CPU per job,
+  bench/RESULTS.md section 9). Jobs held back by the rate limit (over 100 jobs/s) then wait up to a second
+  for that wake-up: such a run is slower than with Snakemake as shipped (the doc's second case).
+- ``input_sizes`` (``JobScheduler.update_input_sizes``): every pass stats every input of every ready job
+  it considers. Replaced by a version that stats only files it has no size for (section 12).
+- ``params_pandas`` (``PersistenceBase._serialize_param``): recording the first finished job's params
+  imports pandas, if installed (0.3-0.6 s while no job starts), to test for DataFrames. Replaced by a look-up
+  in ``sys.modules``: a param can only be a pandas object if pandas is imported already (section 10).
 """
 
 from __future__ import annotations
@@ -36,8 +23,14 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import NamedTuple
 
-_PATCHED = "_snakeshard_patched"
+# Snakemake 9.27.1 runs the tests and bench/ with the patches. In every release from 9.17.0 to 9.27.0, the
+# replaced methods, those they call (``relies_on``), JobScheduler.__init__ and job_selector are the same text as
+# in 9.27.1; the rest of their two modules differs (9.17.0 vs 9.27.1) only where the patches do not reach (error
+# logging, touch mode, start-time records, checksum prefixes), and 9.17.0 passed the patch tests and two workflow
+# tests. Before 9.17.0 the methods differ (there is no _serialize_param).
+CHECKED = ">=9.17.0,<=9.27.1"
 
 
 def coalesced_reevaluation(self, delay: float) -> None:
@@ -91,27 +84,45 @@ def param_serializer(self):
     return lambda value: serialize_param(self, value)
 
 
-def _replace(cls, name: str, new) -> bool:
-    """``cls.name = new`` (a function or a property) once; False when ``cls`` has no such attribute."""
-    original = cls.__dict__.get(name)
-    if original is None:
-        return False
-    if not getattr(getattr(original, "fget", original), _PATCHED, False):  # a property is marked on its getter
-        setattr(getattr(new, "fget", new), _PATCHED, True)
-        setattr(cls, name, new)
-    return True
+class Patch(NamedTuple):
+    module: str  # where Snakemake defines the class
+    cls: str
+    attr: str  # the method replaced
+    new: object  # what replaces it
+    checked: str  # the Snakemake versions it was checked against (a PEP 440 specifier set)
+    relies_on: tuple[str, ...] = ()  # methods of the class the replacement calls
 
 
-def apply() -> dict[str, bool]:
-    """Patch Snakemake's classes (idempotent); which patches are in place."""
-    applied = {"scheduler": False, "params": False, "input_sizes": False}
-    try:
-        from snakemake.persistence import PersistenceBase
-        from snakemake.scheduling.job_scheduler import JobScheduler
-    except ImportError:  # another Snakemake layout: leave it as it is
-        return applied
-    applied["scheduler"] = _replace(JobScheduler, "_schedule_reevalutation", coalesced_reevaluation)
-    applied["input_sizes"] = _replace(JobScheduler, "update_input_sizes", input_sizes_once)
-    if all(hasattr(PersistenceBase, m) for m in ("_serialize_param_pandas", "_serialize_param_builtin")):
-        applied["params"] = _replace(PersistenceBase, "_serialize_param", property(param_serializer))
+PATCHES = {
+    "scheduler_wakeup": Patch("snakemake.scheduling.job_scheduler", "JobScheduler", "_schedule_reevalutation",
+                              coalesced_reevaluation, CHECKED),
+    "input_sizes": Patch("snakemake.scheduling.job_scheduler", "JobScheduler", "update_input_sizes",
+                         input_sizes_once, CHECKED),
+    "params_pandas": Patch("snakemake.persistence", "PersistenceBase", "_serialize_param",
+                           property(param_serializer), CHECKED, ("_serialize_param_pandas", "_serialize_param_builtin")),
+}
+
+_noted: set[str] = set()  # patches whose "not applied" line this process has printed
+
+
+def apply(version: str | None = None, note: bool = True) -> dict[str, bool]:
+    """Replace Snakemake's methods where the installed Snakemake (or ``version``) is in each patch's checked
+    range (idempotent); which patches are in place. A patch left out says so on stderr, once per process,
+    where ``note`` (the workflow passes false in a job's own Snakemake, e.g. on SLURM)."""
+    from importlib import import_module
+    from importlib.metadata import version as installed_version
+
+    from packaging.specifiers import SpecifierSet
+
+    version = version or installed_version("snakemake")
+    applied = {}
+    for name, patch in PATCHES.items():
+        applied[name] = SpecifierSet(patch.checked).contains(version)
+        if applied[name]:
+            setattr(getattr(import_module(patch.module), patch.cls), patch.attr, patch.new)
+        elif note and name not in _noted:
+            _noted.add(name)
+            print(f"snakeshard: patch {name} ({patch.cls}.{patch.attr}) not applied: snakemake {version} is "
+                  f"outside the versions it was checked against ({patch.checked}); Snakemake runs as shipped "
+                  f"(docs/upstream/{name}.md)", file=sys.stderr, flush=True)
     return applied

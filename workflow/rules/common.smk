@@ -15,8 +15,10 @@ from snakeshard import snakemake_patches
 
 # Three costs of Snakemake 9's driver: a scheduler wake-up per second per finished job, a pandas import
 # when the first job ends, which holds up the next, and every ready job's inputs stat'ed again before
-# every scheduling pass (see the module).
-snakemake_patches.apply()
+# every scheduling pass (see the module and docs/upstream/). Only on the Snakemake versions they were
+# checked against; on another, one line per patch says it is left out (in the main process only, not
+# in every SLURM job's log).
+snakemake_patches.apply(note=workflow.is_main_process)
 
 # A bad config or bad data: its one `snakeshard: error:` line, no traceback of snakeshard's code, exit 1.
 with exit_on_user_error():
