@@ -4,7 +4,7 @@ Two workflows of N jobs each, run with `--cores 2`:
   * snakeshard: the repository's workflow over a toy dataset of N keys, `shard_size: 1`, a toy
     runner whose forward upper-cases the key (so all cost is per job), local profile;
   * snakeshard_k<K> (only when named in --only, e.g. snakeshard_k10): the same N one-key shards with
-    `shards_per_job: K`, so N/K jobs;
+    `shards_per_job: K`, so N/K jobs; snakeshard_auto: the default, `shards_per_job` left out (auto);
   * raw: a Snakefile of N rule instances `echo {i} > {output}` (plus `all`), with the local profile's
     scheduling options (greedy, subsample 100, keep-going);
   * raw_patched: the same with snakeshard's Snakemake patches applied (snakeshard/snakemake_patches.py),
@@ -71,7 +71,7 @@ main()
 '''
 
 
-def snakeshard_dir(path: Path, n: int, shards_per_job: int = 1) -> Path:
+def snakeshard_dir(path: Path, n: int, shards_per_job: int | str = 1) -> Path:
     fresh_project(path)
     (path / "data/toy").mkdir(parents=True)
     (path / "data/toy/items.jsonl").write_text("".join(json.dumps({"key": f"k{i:06d}"}) + "\n" for i in range(n)))
@@ -79,7 +79,7 @@ def snakeshard_dir(path: Path, n: int, shards_per_job: int = 1) -> Path:
     config = {"datasets": {"toy": {"path": "data/toy/items.jsonl", "format": "jsonl"}},
               "stages": {"echo": {"runner": "toy_bench.Runner", "provider": "toy_bench.Provider",
                                   "datasets": ["toy"], "sharding": {"shard_size": 1}}}}
-    if shards_per_job > 1:
+    if shards_per_job != "auto":  # auto: the default, left out of the config
         config["stages"]["echo"]["shards_per_job"] = shards_per_job
     (path / "config/config.yaml").write_text(yaml.safe_dump(config))
     return path
@@ -100,8 +100,8 @@ def raw_dir(path: Path, n: int, patched: bool, python: bool) -> Path:
 def run_case(case: str, n: int) -> dict:
     """One cold run of ``case`` over ``n`` jobs: wall s, scheduler CPU s, jobs' CPU s."""
     path = WORK / f"{case}-{n}"
-    if case.startswith("snakeshard"):  # snakeshard, or snakeshard_k<K>: shards_per_job K
-        snakeshard_dir(path, n, int(case.partition("_k")[2] or 1))
+    if case.startswith("snakeshard"):  # snakeshard (one job per shard), snakeshard_k<K> (K), snakeshard_auto
+        snakeshard_dir(path, n, "auto" if case == "snakeshard_auto" else int(case.partition("_k")[2] or 1))
         args = ["--profile", "config/profiles/local", "--cores", "2"]
     else:
         raw_dir(path, n, patched=case != "raw", python=case == "raw_python")

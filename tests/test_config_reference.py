@@ -67,4 +67,8 @@ def test_schema_defaults_are_the_codes():
         assert stage[key]["default"] == loop.DEFAULTS[key], key
     keyword = lr_lambda.__kwdefaults__
     assert defaults(stage["schedule"]) == {k: keyword[k] for k in ("strategy", "min_lr")}
-    assert stage["shards_per_job"]["default"] == workflow.stage_shards_per_job({})
+    from snakeshard import plan
+
+    assert stage["shards_per_job"]["default"] == plan.AUTO
+    assert f"{plan.AUTO_ITEMS} items or {plan.AUTO_SECONDS:.0f} s of audio" in stage["shards_per_job"]["description"]
+    assert f"at least {plan.AUTO_MIN_JOBS} jobs" in stage["shards_per_job"]["description"]

@@ -115,6 +115,8 @@ def _value(value) -> str:
 
 
 def _type(sub: dict) -> str:
+    if "oneOf" in sub:  # e.g. shards_per_job: an integer or auto
+        return " or ".join(f"`{_value(alt['const'])}`" if "const" in alt else _type(alt) for alt in sub["oneOf"])
     if "enum" in sub:
         return "one of " + ", ".join(f"`{_value(v)}`" for v in sub["enum"])
     types = sub.get("type", "any")
