@@ -195,7 +195,7 @@ NOT_IN_A_JOB = {
     "shutil": "removing a failed attempt's dirs (~2 ms): imported only then",
     "traceback": "printing a failure (~3 ms): imported only then",
     "ast": "the parse-time check of import paths (~5 ms with importlib.util): user_code imports directly",
-    "pathlib": "shard paths (~4.5 ms on top of json's re): strings and os.path in the job's modules; "
+    "pathlib": "shard paths (~5 ms on top of json's re): strings and os.path in the job's modules; "
                "hooks a runner overrides still get a Path (shard._hook_dir)",
 }
 

@@ -12,7 +12,7 @@ from snakeshard.writers import Audio  # noqa: E402
 
 
 def __getattr__(name: str):
-    # Imported on use: its pathlib costs a one-key shard job 4.5 ms of its 29 ms CPU (bench/RESULTS.md section 15).
+    # Imported on use: its pathlib costs a one-key shard job 5 ms of its 29 ms CPU (bench/RESULTS.md section 15).
     if name == "snakefile":
         from snakeshard.resources import snakefile
 

@@ -26,7 +26,7 @@ import os
 
 from snakeshard.errors import DataError
 
-# pathlib where the planner uses it: a shard job's slice reader does without (4.5 ms of a one-key job's 29 ms CPU,
+# pathlib where the planner uses it: a shard job's slice reader does without (5 ms of a one-key job's 29 ms CPU,
 # bench/RESULTS.md section 15). Type checkers read a module-level TYPE_CHECKING = False as typing's.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
