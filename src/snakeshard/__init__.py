@@ -12,8 +12,7 @@ from snakeshard.writers import Audio  # noqa: E402
 
 
 def __getattr__(name: str):
-    # snakefile() is for a project's Snakefile; its module (pathlib) stays out of shard jobs, which import
-    # this package first (`python -m snakeshard`).
+    # Imported on use: its pathlib costs a one-key shard job 5 ms of its 29 ms CPU (bench/RESULTS.md section 16).
     if name == "snakefile":
         from snakeshard.resources import snakefile
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 
@@ -96,10 +97,7 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 
 def atomic_write_json(path: str | os.PathLike, obj, *, fsync: bool = True) -> None:
-    """``obj`` as ``json.dumps(obj, indent=1)`` writes it (without importing json: see quickjson.py)."""
-    from snakeshard.quickjson import dumps_indented
-
-    atomic_write_text(path, dumps_indented(obj) + "\n", fsync=fsync)
+    atomic_write_text(path, json.dumps(obj, indent=1) + "\n", fsync=fsync)
 
 
 def write_if_changed(path: str | os.PathLike, text: str) -> bool:

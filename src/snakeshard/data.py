@@ -20,17 +20,18 @@ current (``upstream_inputs``; a stale or missing one is refused).
 
 from __future__ import annotations
 
+import json
+import math
 import os
 
 from snakeshard.errors import DataError
 
-# A shard job reads its slice (read_shard_items) without json, pathlib or math (see job.py); the planner's
-# functions import them where they need them.
+# pathlib where the planner uses it: a shard job's slice reader does without (5 ms of a one-key job's 29 ms CPU,
+# bench/RESULTS.md section 16). Type checkers read a module-level TYPE_CHECKING = False as typing's.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
 
-_INF = float("inf")  # -_INF < x < _INF: x is finite
 MAX_LISTED = 5  # how many offending keys an error message lists
 # The per-key Kaldi files a stage's forward can see through the dataset (text and utt2spk as fields).
 KALDI_RECORD_FILES = ("wav.scp", "segments", "text", "utt2spk")
@@ -119,7 +120,7 @@ def _seconds(value, where: str, what: str) -> float:
         seconds = float(value)
     except (TypeError, ValueError):
         raise DataError(f"{where}: {what} {value!r} is not a number of seconds") from None
-    if not -_INF < seconds < _INF:
+    if not math.isfinite(seconds):
         raise DataError(f"{where}: {what} {value!r} is not a finite number of seconds")
     return seconds
 
@@ -190,8 +191,6 @@ def _read_kaldi_dir(path: Path, with_records: bool = True) -> list[Item]:
 
 
 def _read_jsonl(path: Path, spec: dict) -> list[Item]:
-    import json
-
     key_field = spec.get("key_field", "key")
     audio_field = spec.get("audio_field", "audio")
     duration_field = spec.get("duration_field", "duration")
@@ -226,8 +225,6 @@ def _parse_all(lines: list[str]) -> list | None:
     """The records of non-blank ``lines``, from ONE json.loads over them joined as a JSON array (100,000
     records: 0.15 s instead of 0.6 s line by line); None when that fails or gives another count (a line
     with two values), so that parsing line by line names the bad line."""
-    import json
-
     try:
         parsed = json.loads("[" + ",".join(lines) + "]")
     except json.JSONDecodeError:
@@ -242,8 +239,6 @@ def shard_items_text(items: list[Item]) -> str:
     """A shard's slice of its dataset: ``{"items": [[key, source, audio, seconds], ...], "fields": [...]}``.
     A JSON Lines item's fields are its record, spliced in as written (no re-encoding: half the cost of
     the slices of 100,000 records); other fields are encoded in one call."""
-    import json
-
     encoder = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":"))
     head = encoder.encode([[i.key, i.source, i.audio, i.seconds] for i in items])
     written = [i.records.get(JSONL_RECORD) if i.records else None for i in items]
@@ -254,12 +249,10 @@ def shard_items_text(items: list[Item]) -> str:
 def read_shard_items(paths: str | os.PathLike | list) -> list[Item]:
     """The items ``shard_items_text`` wrote (already validated by the plan), of one slice or of several
     (a job running several shards: see ``shards_per_job``), in the order given."""
-    from snakeshard.quickjson import loads
-
     items = []
     for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
         with open(path, encoding="utf-8") as f:
-            written = loads(f.read())
+            written = json.load(f)
         items += [Item(key, source, audio, seconds, fields, None)
                   for (key, source, audio, seconds), fields in zip(written["items"], written["fields"])]
     return items
@@ -428,7 +421,6 @@ class StageOutputDataset(KaldiDataset):
     """
 
     def __init__(self, spec: dict):
-        import json
         from pathlib import Path
 
         from snakeshard.merge import FIELDS_FILE, require_current
@@ -456,8 +448,6 @@ class StageOutputDataset(KaldiDataset):
         if formats and meta["format"] not in formats:
             raise DataError(f"{self.set_dir}: field {name!r} is {meta['format']}, not one of {sorted(formats)}")
         if name not in self._index:
-            from snakeshard.quickjson import loads
-
             index = self._index[name] = {}
             # in a shard job, only the shard's keys are kept (an upstream index may hold other keys too)
             # and the file is streamed rather than read whole
@@ -465,7 +455,7 @@ class StageOutputDataset(KaldiDataset):
             for path in self._index_files(meta):
                 for line in read_text_lines(path) if wanted is None else _stream_lines(path):
                     if meta["format"] == "jsonl":
-                        record = loads(line)
+                        record = json.loads(line)
                         if wanted is None or record["key"] in wanted:
                             index[record["key"]] = record["value"]
                     else:

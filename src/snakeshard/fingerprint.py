@@ -17,20 +17,9 @@ it touches; merge refuses a shard whose ``done`` records another one. A stage's
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-
-# Small inputs (a shard job's keys and inputs, a few kB) go through CPython's own SHA-256: importing
-# hashlib loads OpenSSL, ~3 ms of every shard job before its first item. Large ones (the planner's,
-# at 1M keys) through hashlib's OpenSSL, 7x faster here. Same algorithm, same digests
-# (tests/test_job_overhead.py checks both against hashlib's).
-try:
-    from _sha256 import sha256 as _small_sha256  # CPython <= 3.11
-except ImportError:
-    try:
-        from _sha2 import sha256 as _small_sha256  # CPython >= 3.12
-    except ImportError:
-        from hashlib import sha256 as _small_sha256
-SMALL_DIGEST_BYTES = 1 << 20
 
 
 def digest(text: str) -> str:
@@ -38,10 +27,6 @@ def digest(text: str) -> str:
 
 
 def digest_bytes(data: bytes) -> str:
-    if len(data) <= SMALL_DIGEST_BYTES:
-        return _small_sha256(data).hexdigest()[:20]
-    import hashlib
-
     return hashlib.sha256(data).hexdigest()[:20]
 
 
@@ -98,15 +83,11 @@ def stage_fingerprint(spec: dict, version: str, code: dict | None = None) -> str
     }
     if code is not None:
         payload["code"] = code
-    import json  # at the parse, not in shard jobs
-
     return digest(json.dumps(payload, sort_keys=True, default=str))
 
 
 def records_digest(records: dict[str, str], selected) -> str:
     """One digest over a shard's per-file record digests (see plan.records_digests), for the ``selected`` files."""
-    import json  # at the parse, not in shard jobs
-
     return digest(json.dumps({name: d for name, d in records.items() if name in selected}, sort_keys=True))
 
 

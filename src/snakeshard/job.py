@@ -1,20 +1,19 @@
 """A shard job: ``python -m snakeshard run-shard`` (and ``run-shards``), as the workflow's rules run it.
 
-This is the entry of every job, so it imports only what a job needs before its first item:
-no argparse, pathlib or json package (with ``re`` and ``enum`` they cost a one-key job more than the
-rest of its work together; tests/test_job_overhead.py lists what stays out and why). Paths are
-plain strings here. Any other command line goes to ``cli``, which has the whole parser.
+This is the entry of every job, so it imports only what a job needs before its first item (no
+argparse: tests/test_job_overhead.py lists what stays out and why). Any other command line goes to
+``cli``, which has the whole parser.
 The error handling every command shares (the log, the one error line) lives here too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 
 from snakeshard.errors import ERROR_PREFIX, SnakeshardError
-from snakeshard.quickjson import loads
 from snakeshard.shard_files import CANARY_SPEC, SHARD_ITEMS
 
 CANARY = "canary"  # the --shard of a stage's canary job
@@ -23,7 +22,7 @@ CANARY = "canary"  # the --shard of a stage's canary job
 def read_spec(path: str) -> dict:
     """A stage's ``spec.json`` (written at each parse, see workflow.run_spec)."""
     with open(path, encoding="utf-8") as f:
-        return loads(f.read())
+        return json.load(f)
 
 
 def cmd_run_shard(args) -> int:

@@ -139,7 +139,7 @@ def _plan_batches(runner_cls, env, keys, batch_size, batch_seconds, sort_by_leng
 
 def _hook_dir(runner_cls, shard_dir: str):
     """The shard dir as the hooks a runner overrides receive it, a ``pathlib.Path``; the default hooks take the
-    str, so a job of the default writers does without pathlib (~13 ms on its own, with the re it imports)."""
+    str: pathlib costs a one-key job 5 ms of its 29 ms CPU (bench/RESULTS.md section 16)."""
     if overrides(runner_cls, "open_writers") or overrides(runner_cls, "finalize_state"):
         from pathlib import Path
 
