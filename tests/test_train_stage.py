@@ -330,11 +330,11 @@ def test_an_empty_valid_set_is_refused_naming_the_key(tmp_path):
     (lambda c: c["stages"]["train"].pop("valid"),
      "stages.train.score.split: 'valid' (the default) needs a valid: dataset"),
     (lambda c: c["stages"]["train"].update(schedule={"strategy": "step"}),
-     "stages.train.schedule: schedule strategy 'step': one of ['constant', 'cosine', 'linear']"),
+     "stages.train.schedule.strategy: 'step' is not one of ['cosine', 'linear', 'constant']"),  # the schema's
     (lambda c: c["stages"]["train"].update(schedule={"warmup_ratio": 0.1}),
      "stages.train.schedule.warmup_ratio: not a schedule option (options: strategy, final_lr_ratio, final_lr"),
     (lambda c: c["stages"]["train"].update(schedule={"warmup_steps": "ten"}),
-     "stages.train.schedule: invalid literal for int() with base 10: 'ten'"),
+     "stages.train.schedule.warmup_steps: 'ten' is not of type 'integer', 'null'"),
 ])
 def test_training_config_mistakes_fail_the_parse_naming_the_key(tmp_path, monkeypatch, change, message):
     from snakeshard.errors import ConfigError
