@@ -442,7 +442,7 @@ def test_stage_without_sharding_needs_a_runner_default(tmp_path):
 def test_code_fingerprint_follows_the_reexport():
     """`snakeshard.runners.CollectStatsRunner` digests collect_stats.py (where the class is defined), not the
     package's __init__.py: editing the runner reruns its stages."""
-    from snakeshard.workflow import source_digest
+    from snakeshard.user_source import source_digest
 
     assert (source_digest("snakeshard.runners.CollectStatsRunner", "x")
             == source_digest("snakeshard.runners.collect_stats.CollectStatsRunner", "x")

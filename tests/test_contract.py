@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from snakeshard import BaseRunner, EnvironmentProvider, InferenceProvider
-from snakeshard.contract import RESERVED_ENV_NAMES
+from snakeshard.hooks import RESERVED_ENV_NAMES
 from snakeshard.errors import ContractError, ShardError
 from snakeshard.fingerprint import keys_digest
 
@@ -457,11 +457,11 @@ def _decorated(fn):
     lambda batch, *, seen: None, _decorated(_named), functools.partial(_everything, c=3), print,
 ], ids=lambda f: getattr(f, "__name__", type(f).__name__))
 def test_forward_parameters_read_from_code_agree_with_inspect(forward):
-    """contract.forward_parameters reads a plain function's parameters from its code object (inspect's
+    """hooks.forward_parameters reads a plain function's parameters from its code object (inspect's
     import costs every shard job ~10 ms) and what it reads equals what inspect.signature gives: the first
     positional parameter, the names after it, the ones without a default, whether **env is taken. A decorated
     function, a partial or a builtin goes through inspect itself."""
-    from snakeshard.contract import _parameters_by_inspect, forward_parameters
+    from snakeshard.hooks import _parameters_by_inspect, forward_parameters
 
     try:
         expected = _parameters_by_inspect(forward)

@@ -6,7 +6,7 @@ import pytest
 
 from snakeshard.devices import job_devices, visible_gpu_count
 from snakeshard.errors import ConfigError
-from snakeshard.workflow import requested_gpus
+from snakeshard.devices import requested_gpus
 
 
 @pytest.mark.parametrize("resources, gpus", [

@@ -155,7 +155,7 @@ def test_shipped_runners_pass_the_hook_check():
     import ast
     import importlib.util
 
-    from snakeshard.workflow import check_import_path, check_runner_source
+    from snakeshard.user_source import check_import_path, check_runner_source
 
     modules = ["snakeshard.demo.asr", *(f"snakeshard.runners.{name}" for name in
                                         ("collect_stats", "fbank", "scoring", "scoring_report", "vad"))]

@@ -188,7 +188,7 @@ def test_a_short_job_prints_no_progress_line():
 # the job (CPU, bench machine) and what replaced them.
 NOT_IN_A_JOB = {
     "argparse": "the whole CLI parser (~5 ms with gettext, locale, shutil): job.parse_job_args parses the rule's options",
-    "inspect": "forward's signature (~10 ms): contract.forward_parameters reads a plain function's code",
+    "inspect": "forward's signature (~10 ms): hooks.forward_parameters reads a plain function's code",
     "dataclasses": "Item and Audio (~12 ms with inspect): plain classes with slots",
     "typing": "annotations only (~3 ms)",
     "tempfile": "atomic writes' temp name (~4 ms): atomic._create_temp_beside",

@@ -318,7 +318,7 @@ def test_the_report_rule_refuses_a_stale_merge(scored):
 
 def test_reports_must_be_png_names(tmp_path, monkeypatch):
     from snakeshard.errors import ConfigError
-    from snakeshard.workflow import runner_reports
+    from snakeshard.user_source import runner_reports
 
     (tmp_path / "plots.py").write_text("class R:\n    reports = ('metrics.png', 'table.txt')\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -4,11 +4,10 @@ Only light, stdlib-only modules are imported here: the Snakefile imports this
 package at every parse (and on SLURM, in every job).
 """
 
-__version__ = "0.1.0"
-
-from snakeshard.contract import BaseRunner, EnvironmentProvider, InferenceProvider  # noqa: E402
-from snakeshard.errors import SnakeshardError  # noqa: E402
-from snakeshard.writers import Audio  # noqa: E402
+from snakeshard.contract import BaseRunner, EnvironmentProvider, InferenceProvider
+from snakeshard.errors import SnakeshardError
+from snakeshard.version import __version__
+from snakeshard.writers import Audio
 
 
 def __getattr__(name: str):

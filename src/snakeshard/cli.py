@@ -2,19 +2,23 @@
 
 The Snakefile's rules call ``python -m snakeshard run-shard/train/merge``; people call
 ``snakeshard plan`` and ``snakeshard status``. Errors on bad input print one
-message naming key, shard and file, and exit 1. Both enter through ``job.main``, which
-runs a shard job's line without this module (see job.py) and hands the rest to this parser.
+message naming key, shard and file, and exit 1. ``python -m snakeshard`` (``__main__.py``) runs a shard job's line
+without this module (see job.py) and hands the rest to ``main``, the ``snakeshard`` script.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
-from snakeshard.job import (CANARY, ERROR_PREFIX, canary_log_head, cmd_run_shard, cmd_run_shards, import_runner, main,
-                            naming_stage, read_spec, shard_id, shard_range)
+from snakeshard.errors import ERROR_PREFIX, naming_stage
+from snakeshard.job import (CANARY, canary_log_head, cmd_run_shard, cmd_run_shards, import_runner, parse_job_args,
+                            run_command, shard_id, shard_range)
+from snakeshard.shard_files import read_spec
 
-__all__ = ["build_parser", "main"]  # main: the `snakeshard` script (pyproject.toml); it parses job lines itself
+__all__ = ["build_parser", "main"]  # main: the `snakeshard` script (pyproject.toml)
 
 
 def _workflow(args):
@@ -247,12 +251,23 @@ def cmd_config_reference(args) -> int:
     return 0
 
 
+def main(argv: list[str] | None = None) -> int:
+    """The ``snakeshard`` script: a job's line as the rules write it (parsed without argparse), else this parser."""
+    # The console script, unlike `python -m`, does not put the working directory on sys.path:
+    # the project's own runner modules (my_stage.py beside the Snakefile) must import either way.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    if argv is None:
+        argv = sys.argv[1:]
+    return run_command(parse_job_args(argv) or build_parser().parse_args(argv))
+
+
 def build_parser():
     """The whole command line (argparse.ArgumentParser), imported here: a shard job parses its own line
     (job.JOB_COMMANDS), with the same options as the run-shard and run-shards parsers below."""
     import argparse
 
-    from snakeshard import __version__
+    from snakeshard.version import __version__
 
     p = argparse.ArgumentParser(prog="snakeshard", description=__doc__.split("\n")[0].replace("``", ""))
     p.add_argument("--version", action="version", version=f"snakeshard {__version__}",

@@ -33,3 +33,14 @@ def job_devices(gpus: int, stage: str) -> list[str]:
             f"SLURM_JOB_ID={os.environ.get('SLURM_JOB_ID')!r}): submit it to a GPU partition or set gpu: 0"
         )
     return [f"cuda:{i}" for i in range(gpus)]
+
+
+def requested_gpus(resources: dict) -> int:
+    """GPUs a stage asks for: ``gpu: N``, or the count in a ``gres`` like ``gpu:2`` / ``gpu:a100:2``."""
+    if resources.get("gpu"):
+        return int(resources["gpu"])
+    for part in str(resources.get("gres") or "").split(","):
+        fields = part.strip().split(":")
+        if fields[0] == "gpu":
+            return int(fields[-1]) if len(fields) > 1 and fields[-1].isdigit() else 1
+    return 0

@@ -5,6 +5,8 @@ names what the user has to look at: the item key, the shard, the file and line.
 The CLI prints the message alone (no traceback) and exits non-zero.
 """
 
+import contextlib
+
 ERROR_PREFIX = "snakeshard: error: "  # how every command and job prints a SnakeshardError: one line, this prefix
 
 
@@ -30,3 +32,24 @@ class ShardError(SnakeshardError):
 
 class MergeError(SnakeshardError):
     """Shard fragments cannot be merged: names shard, fragment and key."""
+
+
+STAGE_KEY = "stages.<stage>."  # how messages of code that does not know the stage name its config keys
+
+
+def in_stage(text: str, stage: str) -> str:
+    """``text`` with its ``stages.<stage>.`` config keys naming ``stage``."""
+    return text.replace(STAGE_KEY, f"stages.{stage}.")
+
+
+@contextlib.contextmanager
+def naming_stage(stage: str):
+    """A SnakeshardError raised inside, its ``stages.<stage>.`` keys naming ``stage``: the dataset readers, writers
+    and shipped providers word their errors so (they run in-process too, where there is no stage)."""
+    try:
+        yield
+    except SnakeshardError as e:
+        named = in_stage(str(e), stage)
+        if named == str(e):
+            raise
+        raise type(e)(named) from e.__cause__

@@ -134,3 +134,13 @@ def shard_fingerprint(stage_fp: str, shard_keys_digest: str, shard_records: str 
 def inputs_digest(shard_fps: list[str]) -> str:
     """What a merged output is made from: every shard's fingerprint, in plan order."""
     return digest(":".join(shard_fps))
+
+
+def result_inputs(spec: dict) -> dict:
+    """What a training stage's result depends on besides the loop config, from its spec (train.json): the spec
+    less loop, fingerprint and fingerprint_ignore, with provider_config less its fingerprint_ignore keys. The
+    workflow digests it into the fingerprint; a refused resume names the entries that differ."""
+    ignored = set(spec.get("fingerprint_ignore") or ())
+    inputs = {k: v for k, v in spec.items() if k not in ("loop", "fingerprint", "fingerprint_ignore")}
+    inputs["provider_config"] = {k: v for k, v in spec["provider_config"].items() if k not in ignored}
+    return inputs

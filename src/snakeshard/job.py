@@ -9,20 +9,13 @@ The error handling every command shares (the log, the one error line) lives here
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 
-from snakeshard.errors import ERROR_PREFIX, SnakeshardError
-from snakeshard.shard_files import CANARY_SPEC, SHARD_ITEMS
+from snakeshard.errors import ERROR_PREFIX, SnakeshardError, in_stage, naming_stage
+from snakeshard.shard_files import CANARY_SPEC, SHARD_ITEMS, read_spec
 
 CANARY = "canary"  # the --shard of a stage's canary job
-
-
-def read_spec(path: str) -> dict:
-    """A stage's ``spec.json`` (written at each parse, see workflow.run_spec)."""
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def cmd_run_shard(args) -> int:
@@ -106,27 +99,6 @@ def read_upstream_shards(spec: dict, inputs: dict[int, dict]) -> None:
             if d not in dirs:
                 dirs.append(d)
     spec["dataset"] = {**dataset, "upstream_dirs": dirs}
-
-
-STAGE_KEY = "stages.<stage>."  # how messages of code that does not know the stage name its config keys
-
-
-def in_stage(text: str, stage: str) -> str:
-    """``text`` with its ``stages.<stage>.`` config keys naming ``stage``."""
-    return text.replace(STAGE_KEY, f"stages.{stage}.")
-
-
-@contextlib.contextmanager
-def naming_stage(stage: str):
-    """A SnakeshardError raised inside, its ``stages.<stage>.`` keys naming ``stage``: the dataset readers, writers
-    and shipped providers word their errors so (they run in-process too, where there is no stage)."""
-    try:
-        yield
-    except SnakeshardError as e:
-        named = in_stage(str(e), stage)
-        if named == str(e):
-            raise
-        raise type(e)(named) from e.__cause__
 
 
 @contextlib.contextmanager
@@ -321,22 +293,6 @@ def parse_job_args(argv: list[str]):
                 return None
         values[option[2:].replace("-", "_")] = value
     return SimpleNamespace(command=argv[0], func=func, **values)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m snakeshard`` and the ``snakeshard`` script: a job line parsed here, anything else by cli."""
-    # The console script, unlike `python -m`, does not put the working directory on sys.path:
-    # the project's own runner modules (my_stage.py beside the Snakefile) must import either way.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    if argv is None:
-        argv = sys.argv[1:]
-    args = parse_job_args(argv)
-    if args is None:
-        from snakeshard.cli import build_parser
-
-        args = build_parser().parse_args(argv)
-    return run_command(args)
 
 
 def run_command(args) -> int:

@@ -22,7 +22,7 @@ from pathlib import Path
 from snakeshard.atomic import atomic_write_bytes, atomic_write_json, remove_temps_of
 from snakeshard.errors import MergeError, SnakeshardError
 from snakeshard.set_summary import write_set_summary
-from snakeshard.shard_files import read_shard_keys
+from snakeshard.shard_files import read_shard_keys, shard_job_files
 
 MAX_LISTED = 5
 FIELDS_FILE = "fields.json"  # beside the merged files: per field, its format and index file
@@ -74,8 +74,6 @@ def rerun_command(done_path) -> str:
         grouped = False
     if not grouped:
         return f"snakemake --profile <your profile> --forcerun {done_path}"
-    from snakeshard.workflow import shard_job_files
-
     shard = int(done_path.parent.name.removeprefix("split."))
     job = shard_job_files(str(set_dir), shard, k, num_shards, grouped)[1]
     return f"rm -f {done_path} && snakemake --profile <your profile> --forcerun {job}"

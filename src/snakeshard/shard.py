@@ -16,14 +16,15 @@ import os
 import sys
 import time
 
-from snakeshard import __version__
 from snakeshard.atomic import atomic_write_json
-from snakeshard.contract import FieldWriters, check_hook_env, injected_kwargs, overrides, runner_name
 from snakeshard.errors import ContractError, ShardError, SnakeshardError
 from snakeshard.fingerprint import digest_bytes
 from snakeshard.fingerprint import keys_digest as digest_keys
+from snakeshard.hooks import check_hook_env, injected_kwargs, overrides, runner_name
 from snakeshard.progress import ProgressLog
 from snakeshard.shard_files import KEYS_FILE, SHARD_ITEMS, read_keys_file
+from snakeshard.version import __version__
+from snakeshard.writers import FieldWriters
 
 ATTEMPT_FILE = ".attempt"
 MAX_LISTED = 5

@@ -1,15 +1,22 @@
-"""The files the plan writes into each ``split.N`` directory, and how a shard job reads them.
+"""The files the plan writes for a stage (its ``spec.json``, each ``split.N`` directory), and how a job reads them.
 
 Apart from plan.py (which writes them) so that a shard job need not import the planner.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 KEYS_FILE = "keys"  # the shard's keys, one per line (fingerprint.keys_text)
 SHARD_ITEMS = "items.json"  # the shard's slice of the dataset: what load_dataset reads in the job (data.py)
 CANARY_SPEC = ".spec.json"  # beside a canary's dir (<dir>.spec.json): the spec of a canary over a chained dataset
+
+
+def read_spec(path: str) -> dict:
+    """A stage's ``spec.json`` (written at each parse, see workflow.run_spec)."""
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def read_keys_file(shard_dir: str | os.PathLike) -> tuple[list[str], bytes]:
@@ -21,3 +28,14 @@ def read_keys_file(shard_dir: str | os.PathLike) -> tuple[list[str], bytes]:
 
 def read_shard_keys(shard_dir: str | os.PathLike) -> list[str]:
     return read_keys_file(shard_dir)[0]
+
+
+def shard_job_files(base: str, shard: int, shards_per_job: int, num_shards: int,
+                    grouped: bool | None = None) -> tuple[str, str]:
+    """(log, rule output) of the job running ``shard`` of the set in ``base`` (the rules in shard.smk): its own, or
+    when its stage's jobs are ``grouped`` (default: ``shards_per_job`` > 1), its group's."""
+    if not (shards_per_job > 1 if grouped is None else grouped):
+        return f"{base}/logs/split.{shard}.log", f"{base}/split.{shard}/done"
+    first = shard // shards_per_job * shards_per_job
+    last = min(first + shards_per_job, num_shards) - 1
+    return f"{base}/logs/shards.{first}-{last}.log", f"{base}/jobs/shards.{first}-{last}.done"

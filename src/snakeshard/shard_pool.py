@@ -15,7 +15,7 @@ from snakeshard.pool import OrderedRunner, UnorderedRunner
 
 
 def _init(device, cfg):
-    from snakeshard.contract import injected_kwargs
+    from snakeshard.hooks import injected_kwargs
     from snakeshard.user_code import import_object
 
     provider_cls = import_object(cfg.provider, "provider")

@@ -10,6 +10,7 @@ unless it sets its own (its provider_config keys are laid over the training stag
 
 from __future__ import annotations
 
+from snakeshard.devices import requested_gpus
 from snakeshard.errors import ConfigError
 
 # The keys train() reads (loop.DEFAULTS), taken from the stage config as they are.
@@ -102,8 +103,6 @@ def _check_training(where: str, stage: dict, datasets: dict, stages: dict) -> No
 
 def _check_ranks(where: str, stage: dict) -> None:
     """``ranks``: an int >= 1; with GPUs (resources gpu or gres), their number (one rank per GPU)."""
-    from snakeshard.workflow import requested_gpus
-
     if "ranks" not in stage:
         return
     ranks = stage["ranks"]
@@ -117,20 +116,8 @@ def _check_ranks(where: str, stage: dict) -> None:
 
 def ranks(stage: dict) -> int:
     """How many processes train a training stage: ``ranks``, else its GPUs when more than one, else 1."""
-    from snakeshard.workflow import requested_gpus
-
     gpus = requested_gpus(stage.get("resources") or {})
     return int(stage.get("ranks") or (gpus if gpus > 1 else 1))
-
-
-def result_inputs(spec: dict) -> dict:
-    """What a training stage's result depends on besides the loop config, from its spec (train.json): the spec
-    less loop, fingerprint and fingerprint_ignore, with provider_config less its fingerprint_ignore keys. The
-    workflow digests it into the fingerprint; a refused resume names the entries that differ."""
-    ignored = set(spec.get("fingerprint_ignore") or ())
-    inputs = {k: v for k, v in spec.items() if k not in ("loop", "fingerprint", "fingerprint_ignore")}
-    inputs["provider_config"] = {k: v for k, v in spec["provider_config"].items() if k not in ignored}
-    return inputs
 
 
 def loop_config(stage: dict) -> dict:

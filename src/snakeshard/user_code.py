@@ -1,6 +1,6 @@
 """Import the user's classes a job runs: the ``stages.<stage>.runner`` and ``.provider`` paths of the config.
 
-workflow.py checks the same paths at parse time without importing them (find their module, read its syntax
+user_source.py checks the same paths at parse time without importing them (find their module, read its syntax
 tree). A job imports the class anyway, so it imports first and runs that check only to explain a failure:
 the check's modules (importlib.util, ast) would cost every shard job ~5 ms before its first item.
 """
@@ -16,7 +16,7 @@ def import_object(path: str, where: str = "import path"):
     """``package.module.Name`` -> the object; errors name the path and the config key ``where``.
 
     A module that is found but whose own imports fail (a package that is not installed, beyond what the
-    parse checks: workflow.check_module_imports) is a ConfigError naming the key, the failed import and its
+    parse checks: user_source.check_module_imports) is a ConfigError naming the key, the failed import and its
     error, caused by that ImportError (a job writes its traceback to the log). Other errors of the module's
     own code are raised as they are, with their traceback.
     """
@@ -38,7 +38,7 @@ def import_object(path: str, where: str = "import path"):
 
 def _explain(path: str, where: str) -> None:
     """Raise the parse-time check's error for ``path`` (no such module, no such name), if it finds one."""
-    from snakeshard.workflow import check_import_path
+    from snakeshard.user_source import check_import_path
 
     check_import_path(path, where)
 

@@ -7,22 +7,23 @@ job), so it imports nothing heavy and never imports user runners or providers.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
 
-from snakeshard import __version__
+from snakeshard.version import __version__
 from snakeshard.atomic import write_if_changed
+from snakeshard.devices import requested_gpus
 from snakeshard.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
 from snakeshard.errors import ERROR_PREFIX, ConfigError, DataError, SnakeshardError
 from snakeshard.fingerprint import (UPSTREAM_PLAN, audio_identity, digest, inputs_digest, keys_text, records_digest,
-                                    shard_fingerprint, shard_inputs_text, stage_fingerprint)
+                                    result_inputs, shard_fingerprint, shard_inputs_text, stage_fingerprint)
 from snakeshard.plan import AUTO, ensure_plan, overlapping_shards, read_audio_files, shards_per_job
-from snakeshard.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys
-from snakeshard.train_config import (check_stage_kind, is_training, loop_config, model_source, result_inputs,
-                                     training_stages)
+from snakeshard.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys, shard_job_files
+from snakeshard.train_config import check_stage_kind, is_training, loop_config, model_source, training_stages
+from snakeshard.user_source import (check_import_path, check_module_imports, check_runner_source, runner_default_sharding,
+                                    source_digest)
 from snakeshard.writers import check_outputs_config
 
 # The canary's shard dir, beside the stage's dataset dirs (dataset names cannot start with "_").
@@ -41,7 +42,6 @@ FINGERPRINT_DEFAULTS = {"records": [*KALDI_RECORD_FILES, JSONL_RECORD], "audio":
 FINGERPRINTS_FILE = "fingerprints.json"  # beside plan.json: what the merge and readers of merged output check
 # The methods jobs call on a runner class with a key or batch first and env entries by name: a shard stage's
 # forward, a training stage's steps (snakeshard.train.TorchRunner)
-STEP_METHODS = ("forward", "train_step", "evaluate_step", "infer_step")
 TRAIN_SPEC = "train.json"  # a training stage's spec, in its train set's dir (what its job reads)
 SIGNAL_SECONDS = 120  # a training job's SIGTERM before its SLURM time limit: a checkpoint takes seconds, not minutes
 
@@ -183,67 +183,6 @@ def upstream_of(config: dict) -> dict[tuple[str, str], tuple[str, str]]:
     return links
 
 
-def check_import_path(path: str, where: str):
-    """Fail early on a misspelt ``module.Class`` path without importing the (heavy) module itself.
-
-    Returns (source file, parsed module) for further checks, or None for a module without Python source.
-    """
-    module, attr, origin = _locate(path, where)
-    if origin is None:
-        return None
-    tree = _parse(origin, where)
-    if attr not in _top_level_names(tree):
-        raise ConfigError(f"{where}: cannot import {path!r}: module {module!r} ({origin}) defines no {attr!r}")
-    return origin, tree
-
-
-def check_module_imports(path: str, where: str, origin: str, tree) -> None:
-    """The packages the module defining ``path`` imports at its top are installed: looked up with
-    ``importlib.util.find_spec``, not imported (parse time imports no user code). A missing one would fail
-    every shard job at its first line; here it fails the parse once, naming key, file, line and package.
-
-    Looked up: the top-level package of each ``import a.b`` / ``from a.b import c`` before the module's first
-    other statement (its docstring and plain ``name = ...`` assignments aside). A later import may depend on
-    what such a statement does (``sys.path.insert(...)``, ``pyximport.install()``), and one inside ``try:`` or
-    ``if`` may be meant to fail; ``a.b`` itself is not looked up (that imports ``a``), nor a relative import
-    (the module's own package). What this interpreter finds, the jobs import: they run it too
-    ($SNAKESHARD_PYTHON, see common.smk). Imports it misses fail in the job, naming the key (user_code).
-    """
-    import ast
-
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            names = [node.module] if node.level == 0 and node.module != "__future__" else []
-        elif _docstring_or_name_assignment(node):
-            continue
-        else:
-            return
-        for name in names:
-            package = name.partition(".")[0]
-            if not _findable(package):
-                raise ConfigError(f"{where}: {origin}:{node.lineno} imports {name!r}, but no module named {package!r} "
-                                  f"is installed for {sys.executable}: every shard job would fail importing {path}")
-
-
-def _docstring_or_name_assignment(node) -> bool:
-    """A docstring, or ``name = ...`` (``log = logging.getLogger(__name__)``) between a module's imports."""
-    import ast
-
-    if isinstance(node, ast.Expr):
-        return isinstance(node.value, ast.Constant)
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-    return bool(targets) and all(isinstance(target, ast.Name) for target in targets)
-
-
-def _findable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ValueError:  # already imported without a spec (__main__): it is there
-        return True
-
-
 def check_pool_config(stage: dict, where: str) -> None:
     """``workers``/``devices`` against the job's resources: the CPUs or GPUs each shard job asks for."""
     resources = stage.get("resources") or {}
@@ -276,251 +215,6 @@ def pool_spec(stage: dict) -> dict | None:
     return {"workers": stage.get("workers", 1), "devices": stage.get("devices"),
             "order": stage.get("worker_order", "ordered"), "item_timeout": stage.get("item_timeout"),
             "worker_init_timeout": stage.get("worker_init_timeout")}
-
-
-def runner_default_sharding(path: str, where: str) -> dict:
-    """A stage without ``sharding`` takes its runner's ``default_sharding``, a literal class attribute
-    read from the runner's source (parse time imports no runner): e.g. CollectStatsRunner shards by audio
-    seconds, since a frontend's cost is linear in audio."""
-    sharding = runner_literal(path, "default_sharding", where)
-    if sharding is None:
-        raise ConfigError(f"{where}.sharding: not set, and the runner {path} declares no default_sharding: set one "
-                          "of num_shards, shard_size, shard_seconds")
-    return dict(sharding)
-
-
-def runner_reports(path: str, where: str) -> list[str]:
-    """The PNG files a runner draws after its merge for ``snakemake --report`` (its literal ``reports``
-    attribute, e.g. ScoringRunner's ``metrics.png``); the workflow's report rule asks its ``report``."""
-    reports = list(runner_literal(path, "reports", where) or ())
-    bad = [name for name in reports if not (isinstance(name, str) and name.endswith(".png") and "/" not in name)]
-    if bad:
-        raise ConfigError(f"{where}.runner: {path}.reports lists {bad[0]!r}: reports are PNG file names (x.png)")
-    return reports
-
-
-def runner_literal(path: str, name: str, where: str):
-    """The literal value of class attribute ``name`` in the runner's own source (None if it sets none)."""
-    import ast
-
-    found = check_import_path(path, f"{where}.runner")
-    for item in _class_body(found[1], path) if found else ():
-        if (isinstance(item, ast.Assign) and len(item.targets) == 1
-                and getattr(item.targets[0], "id", None) == name):
-            try:
-                return ast.literal_eval(item.value)
-            except ValueError:
-                return None
-    return None
-
-
-def check_runner_source(path: str, where: str, origin: str, tree) -> None:
-    """Contract mistakes visible in the runner's source ``tree`` (parsed by ``check_import_path``).
-
-    A ``forward`` without ``@staticmethod`` would fail in every shard job (they call it on the class), and so
-    would a hook that cannot take the call the workflow makes (contract.ENV_HOOKS, CLASS_HOOKS): ESPnet3's
-    ``close_writers(writers)``, a ``merge(self, shard_dirs)`` written as an instance method.
-    Only a ``forward`` or hook defined in the class itself is checked; inherited ones are checked in the job.
-    """
-    import ast
-
-    from snakeshard.contract import CLASS_HOOKS, ENV_HOOKS, hook_signature
-
-    for item in _class_body(tree, path):
-        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in {**ENV_HOOKS, **CLASS_HOOKS}:
-            problem = _hook_problem(item)
-            if problem:
-                hook = item.name
-                if hook in ENV_HOOKS:
-                    caller = (f"shard jobs call it on the class as {hook}({', '.join([*ENV_HOOKS[hook], '**env'])}), "
-                              "with every env entry by name")
-                else:
-                    caller = f"the {hook} rule calls it on the class as {hook}({', '.join(CLASS_HOOKS[hook])})"
-                decorators = "".join(f"@{ast.unparse(d)} " for d in item.decorator_list)
-                raise ConfigError(f"{where}: {path}.{hook} ({origin}:{item.lineno}) is defined as {decorators}{hook}("
-                                  f"{ast.unparse(item.args)}), but {caller}, and {problem}: define it as "
-                                  f"{hook_signature(hook)}")
-        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in STEP_METHODS:
-            decorators = {d.id for d in item.decorator_list if isinstance(d, ast.Name)}
-            decorators |= {d.attr for d in item.decorator_list if isinstance(d, ast.Attribute)}
-            first = "the key (or a batch of keys)" if item.name == "forward" else "the batch (a list of keys)"
-            if "staticmethod" not in decorators:
-                raise ConfigError(f"{where}: {path}.{item.name} ({origin}:{item.lineno}) must be a @staticmethod: "
-                                  f"jobs call it on the class, with {first} first and env entries by name")
-            args = item.args
-            if not (args.posonlyargs or args.args):
-                raise ConfigError(f"{where}: {path}.{item.name} ({origin}:{item.lineno}) must take {first} as its "
-                                  "first positional parameter")
-
-
-def _hook_problem(item) -> str | None:
-    """Why the hook ``item`` (a ``def`` in a runner's class body) cannot take the call the workflow makes, or None.
-
-    The env hooks are @staticmethods (a @classmethod whose parameters after ``cls`` fit works too) taking the
-    positional arguments the call passes (contract.ENV_HOOKS) and the env by name: ``**env``, or env names
-    (keyword-only parameters; a positional one after those needs a default, or ``(self, writers, state)`` would
-    pass as ``(writers, state)``). ``merge`` and ``report`` are @classmethods (or @staticmethods)
-    taking their positional arguments, and nothing without a default besides. A hook with another decorator too
-    is left to the job: the decorator may change its signature.
-    """
-    import ast
-
-    from snakeshard.contract import CLASS_HOOKS, ENV_HOOKS
-
-    hook = item.name
-    env = hook in ENV_HOOKS
-    kinds = {d.id if isinstance(d, ast.Name) else d.attr if isinstance(d, ast.Attribute) else None
-             for d in item.decorator_list}
-    if "staticmethod" not in kinds and "classmethod" not in kinds:
-        return f"it is not a @{'staticmethod' if env else 'classmethod'}"
-    if len(item.decorator_list) > 1:
-        return None
-    given = ENV_HOOKS[hook] if env else CLASS_HOOKS[hook]
-    args = item.args
-    positional = [*args.posonlyargs, *args.args]
-    defaults = {p.arg for p in positional[len(positional) - len(args.defaults):]} if args.defaults else set()
-    if "classmethod" in kinds:
-        if not positional and not args.vararg:
-            return "it takes no parameter for the class (cls)"
-        positional = positional[1:]
-    if len(positional) < len(given) and not args.vararg:
-        return (f"it takes {len(positional)} positional parameter{'s' if len(positional) != 1 else ''} where the call "
-                f"passes {len(given)}")
-    extra = positional[len(given):]
-    for param in extra:
-        if param.arg not in defaults:  # (self, writers, state) would take the call's writers for self
-            return (f"its parameter {param.arg!r}, after the {len(given)} the call passes, has no default"
-                    + (" (an env name there must be keyword-only: after *)" if env else ""))
-    if not env:
-        missing = [k.arg for k, default in zip(args.kwonlyargs, args.kw_defaults) if default is None]
-        if missing:
-            return f"its keyword-only parameter {missing[0]!r} has no default, and the call gives it no value"
-    elif not (args.kwarg or extra or args.kwonlyargs):  # (writers, state) alone: any env entry is one too many
-        return "it takes no **env (nor any env name), so the first env entry fails the call"
-    return None
-
-
-def _class_body(tree, path: str) -> list:
-    """The statements of the class ``path`` names, as defined at top level of the module ``tree`` ([] if not)."""
-    import ast
-
-    name = path.rpartition(".")[2]
-    return next((node.body for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name), [])
-
-
-def _locate(path: str, where: str) -> tuple[str, str, str | None]:
-    """(module, attribute, module source file or None) of ``package.module.Name``; errors name ``where``.
-
-    A name a package re-exports (``from .collect_stats import CollectStatsRunner`` in
-    ``snakeshard/runners/__init__.py``) is followed to the module that defines it: that module's source
-    is what the checks read and the code fingerprint digests.
-    """
-    for _ in range(5):  # re-export hops
-        module, attr, origin = _find(path, where)
-        source = _reexported_from(module, attr, origin, where) if origin else None
-        if source is None:
-            return module, attr, origin
-        path = source
-    return module, attr, origin
-
-
-def _reexported_from(module: str, attr: str, origin: str, where: str) -> str | None:
-    """``other.module.Name`` if ``module`` binds ``attr`` only by ``from other.module import Name``."""
-    import ast
-
-    tree = _parse(origin, where)
-    found = None
-    for node in tree.body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == attr:
-            return None
-        if isinstance(node, ast.ImportFrom):
-            for alias in node.names:
-                if (alias.asname or alias.name) == attr:
-                    package = module if origin.endswith("__init__.py") else module.rpartition(".")[0]
-                    for _ in range(max(node.level - 1, 0)):
-                        package = package.rpartition(".")[0]
-                    base = package if node.level else ""
-                    target = ".".join(part for part in (base, node.module or "") if part)
-                    found = f"{target}.{alias.name}"
-    return found
-
-
-def _find(path: str, where: str) -> tuple[str, str, str | None]:
-    module, _, attr = path.rpartition(".")
-    if not module or not attr:
-        raise ConfigError(f"{where}: {path!r} is not an import path like 'package.module.ClassName'")
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError) as e:
-        raise ConfigError(f"{where}: cannot import {path!r}: {e}") from None
-    if found is None:
-        raise ConfigError(f"{where}: cannot import {path!r}: no module named {module!r} "
-                          f"(modules are looked up in the working directory {os.getcwd()} and the installed packages)")
-    origin = found.origin if found.origin and found.origin.endswith(".py") else None
-    return module, attr, origin
-
-
-_PARSED: dict[tuple[str, int, int], object] = {}
-
-
-def _parse(source_path: str, where: str):
-    """The module's syntax tree, parsed once per parse of the Snakefile (keyed by the file's identity).
-
-    A syntax error names the config key ``where`` as well as file and line: every job would fail importing it.
-    """
-    import ast
-
-    st = os.stat(source_path)
-    key = (source_path, st.st_size, st.st_mtime_ns)
-    if key not in _PARSED:
-        try:
-            _PARSED[key] = ast.parse(Path(source_path).read_bytes(), filename=source_path)
-        except SyntaxError as e:
-            raise ConfigError(f"{where}: {source_path}:{e.lineno}: {e.msg}: the shard jobs could not import "
-                              "this module") from None
-    return _PARSED[key]
-
-
-def source_digest(path: str, where: str) -> str | None:
-    """Digest of the module that defines ``path`` (a ``module.Class``), found and parsed without importing it.
-
-    The syntax tree, not the bytes: editing a comment or reformatting reruns nothing, editing code
-    does. Only that module's own file counts, not the modules it imports. None without Python source.
-    """
-    import ast
-
-    origin = _locate(path, where)[2]
-    return digest(ast.dump(_parse(origin, where))) if origin else None
-
-
-def _top_level_names(tree) -> set[str] | _AnyName:
-    """Names a module binds at top level.
-
-    A star import or a module ``__getattr__`` can bind any name: then every name is accepted.
-    """
-    import ast
-
-    names: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                if alias.name == "*":
-                    return _AnyName()
-                names.add(alias.asname or alias.name.split(".")[0])
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-        elif isinstance(node, (ast.If, ast.Try, ast.With)):
-            return _AnyName()  # conditional definitions: do not guess
-    return _AnyName() if "__getattr__" in names else names
-
-
-class _AnyName:
-    def __contains__(self, name) -> bool:
-        return True
 
 
 def stale_lock_note(directory: str, argv: list[str], pid: int) -> str | None:
@@ -671,17 +365,6 @@ def stage_resources(config: dict, stage: str) -> dict:
     if "workers" in s and "cpus_per_task" not in (s.get("resources") or {}):
         resources["cpus_per_task"] = s["workers"]  # a job running N workers asks for N CPUs (and N local cores)
     return resources
-
-
-def requested_gpus(resources: dict) -> int:
-    """GPUs a stage asks for: ``gpu: N``, or the count in a ``gres`` like ``gpu:2`` / ``gpu:a100:2``."""
-    if resources.get("gpu"):
-        return int(resources["gpu"])
-    for part in str(resources.get("gres") or "").split(","):
-        fields = part.strip().split(":")
-        if fields[0] == "gpu":
-            return int(fields[-1]) if len(fields) > 1 and fields[-1].isdigit() else 1
-    return 0
 
 
 def read_fingerprints(set_dir: str | os.PathLike) -> dict | None:
@@ -950,14 +633,3 @@ class Workflow:
         """(log, output) of the job that runs ``shard``: its own, or its group's with ``shards_per_job``."""
         return shard_job_files(set_dir(self.config, stage, dataset), shard, self.jobs_k[stage, dataset],
                                self.num_shards(stage, dataset), self.grouped(stage))
-
-
-def shard_job_files(base: str, shard: int, shards_per_job: int, num_shards: int,
-                    grouped: bool | None = None) -> tuple[str, str]:
-    """(log, rule output) of the job running ``shard`` of the set in ``base`` (the rules in shard.smk): its own, or
-    when its stage's jobs are ``grouped`` (default: ``shards_per_job`` > 1), its group's."""
-    if not (shards_per_job > 1 if grouped is None else grouped):
-        return f"{base}/logs/split.{shard}.log", f"{base}/split.{shard}/done"
-    first = shard // shards_per_job * shards_per_job
-    last = min(first + shards_per_job, num_shards) - 1
-    return f"{base}/logs/shards.{first}-{last}.log", f"{base}/jobs/shards.{first}-{last}.done"

@@ -9,8 +9,9 @@ from pathlib import Path
 if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())
 
-from snakeshard.workflow import (SLURM_PASSTHROUGH, Workflow, exit_on_user_error, runner_reports, shard_stages,
-                                 stage_resources, stage_sets, stale_lock_note, validate_config)
+from snakeshard.user_source import runner_reports
+from snakeshard.workflow import (SLURM_PASSTHROUGH, Workflow, exit_on_user_error, shard_stages, stage_resources, stage_sets,
+                                 stale_lock_note, validate_config)
 from snakeshard import snakemake_patches
 
 # Three costs of Snakemake 9's driver: a scheduler wake-up per second per finished job, a pandas import

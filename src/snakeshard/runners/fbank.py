@@ -99,7 +99,7 @@ class FbankProvider(EnvironmentProvider):
 
 
 def _global_mvn(dataset, dims: int):
-    from snakeshard.runners.collect_stats import GlobalMVN
+    from snakeshard.runners.global_mvn import GlobalMVN
 
     stats = getattr(dataset, "set_dir", None)
     if stats is None or not (stats / "feats_stats.npz").exists():

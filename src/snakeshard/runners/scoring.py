@@ -29,15 +29,15 @@ from snakeshard import BaseRunner, InferenceProvider
 from snakeshard.data import StageOutputDataset
 from snakeshard.errors import ConfigError, DataError, MergeError
 from snakeshard.metrics import CharacterErrorRate, ConfusionMatrix, RegressionMetrics, TextNormalization, WordErrorRate
+from snakeshard.runners.scoring_fields import TEXT_METRICS, binary_label, merged_pairs
+from snakeshard.runners.scoring_report import metrics_text, plot_metrics
 
-TEXT_METRICS = ("wer", "cer")
 ADDITIVE_METRICS = (*TEXT_METRICS, "classification", "regression")
 SCORE_METRICS = ("auroc", "auprc", "eer", "min_dcf")  # BinaryScores: need every key's score at once
 ADDITIVE = {"wer": WordErrorRate, "cer": CharacterErrorRate, "classification": ConfusionMatrix,
             "regression": RegressionMetrics}  # text metrics take the normalization
 STATE_FILE = "metric_state.json"
 METRICS_JSON, METRICS_TXT, METRICS_PNG = "metrics.json", "metrics.txt", "metrics.png"
-POSITIVE, NEGATIVE = frozenset({"1", "target", "true"}), frozenset({"0", "nontarget", "false"})
 WHERE = "stages.<stage>.provider_config"
 
 
@@ -109,16 +109,6 @@ def _value(dataset, key: str, field: str, what: str) -> str:
     return value
 
 
-def _label(key: str, value) -> int:
-    text = str(value).strip().lower()
-    if text in POSITIVE:
-        return 1
-    if text in NEGATIVE:
-        return 0
-    raise DataError(f"item {key!r}: reference label {value!r} is neither a target (1, target, true) nor a "
-                    "non-target (0, nontarget, false)")
-
-
 def _number(key: str, value, what: str) -> float:
     try:
         return float(value)
@@ -157,7 +147,7 @@ class ScoringRunner(BaseRunner):
                     _number(key, ref, "target")
                 if scoring.scores:
                     _number(key, hyp, "score")
-                    _label(key, ref)
+                    binary_label(key, ref)
                 result["prediction"], result["target"] = str(hyp).strip(), str(ref).strip()
             if scoring.group_by:
                 result["group"] = str(_value(dataset, key, scoring.group_by, "group_by"))
@@ -200,7 +190,6 @@ class ScoringRunner(BaseRunner):
         computed from the merged ``prediction``/``target`` fields (plan order), once."""
         from snakeshard.atomic import atomic_write_text
         from snakeshard.merge import merge_fragments
-        from snakeshard.runners.scoring_report import metrics_text
 
         names = merge_fragments(shard_dirs, output_dir)
         states = [json.loads((d / STATE_FILE).read_text(encoding="utf-8")) for d in shard_dirs]
@@ -227,7 +216,6 @@ class ScoringRunner(BaseRunner):
 
     @classmethod
     def report(cls, set_dir: Path, name: str, path: Path) -> None:
-        from snakeshard.runners.scoring_report import plot_metrics
 
         plot_metrics(json.loads((Path(set_dir) / METRICS_JSON).read_text(encoding="utf-8")), Path(set_dir), path)
 
@@ -238,22 +226,13 @@ def _merged(name: str, states: list[dict]) -> dict:
     return {"value": metric.compute(), "state": metric.state()}
 
 
-def merged_pairs(set_dir: Path) -> list[tuple[str, str, str]]:
-    """(key, prediction, target) in plan order, from the merged fields (both come from the same results, and
-    the merge checked each holds every key once)."""
-    from snakeshard.wer import read_text_table
-
-    predictions, targets = read_text_table(set_dir / "prediction"), read_text_table(set_dir / "target")
-    return [(key, prediction, targets[key]) for key, prediction in predictions.items()]
-
-
 def _score_metrics(set_dir: Path, scoring: dict) -> dict:
     """AUROC, AUPRC, EER, minDCF over every key's merged score and label."""
     from snakeshard.metrics import BinaryScores
 
     pairs = merged_pairs(set_dir)
     scores = BinaryScores(**scoring["dcf"])
-    scores.update([k for k, _, _ in pairs], [float(p) for _, p, _ in pairs], [_label(k, t) for k, _, t in pairs])
+    scores.update([k for k, _, _ in pairs], [float(p) for _, p, _ in pairs], [binary_label(k, t) for k, _, t in pairs])
     value = scores.compute()
     return {m: {"value": {m: value[m], "items": value["items"], "positives": value["positives"],
                           "negatives": value["negatives"], **({"dcf": scoring["dcf"]} if m == "min_dcf" else {})}}

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from snakeshard.metrics.text import summary_line
-from snakeshard.runners.scoring import TEXT_METRICS, _label, merged_pairs  # scoring imports this module lazily
+from snakeshard.runners.scoring_fields import TEXT_METRICS, binary_label, merged_pairs
 
 
 def _number(x) -> str:
@@ -151,7 +151,7 @@ def _roc_panel(ax, set_dir: Path, metrics: dict) -> None:
 
     pairs = merged_pairs(set_dir)
     scores = np.array([float(p) for _, p, _ in pairs])
-    labels = np.array([_label(k, t) for k, _, t in pairs])
+    labels = np.array([binary_label(k, t) for k, _, t in pairs])
     order = np.argsort(-scores, kind="stable")
     tpr = np.r_[0, np.cumsum(labels[order]) / max(labels.sum(), 1)]
     fpr = np.r_[0, np.cumsum(1 - labels[order]) / max((1 - labels).sum(), 1)]

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 
-from snakeshard.contract import BaseRunner, _class_attribute, runner_name
+from snakeshard.contract import BaseRunner
 from snakeshard.errors import ContractError, DataError
+from snakeshard.hooks import class_attribute, runner_name
 
 
 def model_runner(runner_cls: type, stage: str) -> type:
@@ -24,7 +25,7 @@ def model_runner(runner_cls: type, stage: str) -> type:
         raise ContractError(f"stages.{stage}.runner: {name} defines no infer_step, which an inference stage from a "
                             "training stage runs as its forward: define @staticmethod infer_step(batch, *, model, ...) "
                             "returning {key: {field: value}}")
-    if not isinstance(_class_attribute(runner_cls, "infer_step"), staticmethod):
+    if not isinstance(class_attribute(runner_cls, "infer_step"), staticmethod):
         raise ContractError(f"stages.{stage}.runner: {name}.infer_step must be a @staticmethod (an inference stage "
                             "from a training stage runs it as its forward)")
     infer = runner_cls.infer_step

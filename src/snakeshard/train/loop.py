@@ -63,9 +63,9 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from snakeshard.contract import runner_name
 from snakeshard.errors import ContractError, SnakeshardError
-from snakeshard.train import rng
+from snakeshard.hooks import runner_name
+import snakeshard.train.rng as rng
 from snakeshard.train.checkpoint import CheckpointManager, CheckpointWarning, read_checkpoint
 from snakeshard.train.ranks import RankLost, World
 from snakeshard.train.runner import defines, step_kwargs
@@ -168,9 +168,9 @@ def _meters_from(state: dict | None):
 def _versions() -> dict:
     import torch
 
-    import snakeshard
+    from snakeshard.version import __version__
 
-    return {"torch": torch.__version__, "snakeshard": snakeshard.__version__}
+    return {"torch": torch.__version__, "snakeshard": __version__}
 
 
 def _json_value(value):

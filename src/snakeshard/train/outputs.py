@@ -16,7 +16,8 @@ from pathlib import Path
 
 from snakeshard.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from snakeshard.errors import SnakeshardError
-from snakeshard.train.stage import CURVE, DONE, METRICS, MODEL
+
+MODEL, METRICS, CURVE, DONE = "model.pt", "metrics.json", "curve.png", "done"  # in the order they are written
 
 
 def write_outputs(run_dir: Path, spec: dict, result) -> None:

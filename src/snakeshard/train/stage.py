@@ -17,17 +17,16 @@ import os
 import sys
 from pathlib import Path
 
-from snakeshard.errors import ConfigError, ContractError, DataError, SnakeshardError
+from snakeshard.errors import ConfigError, ContractError, DataError, SnakeshardError, naming_stage
+from snakeshard.shard_files import read_spec
+from snakeshard.train.outputs import DONE, MODEL
 
-MODEL, METRICS, CURVE, DONE = "model.pt", "metrics.json", "curve.png", "done"
 LOCK = "train.lock"  # held by the one process training in this dir (see one_trainer)
 SPLIT_ENV = ("dataset", "normalize")  # env entries the stage gives the steps itself
 MAX_LISTED = 5
 
 
 def cmd_train(args) -> int:
-    from snakeshard.job import naming_stage, read_spec
-
     spec = read_spec(args.spec)
     if spec["fingerprint"] != args.fingerprint:
         raise SnakeshardError(f"{args.spec} was rewritten while this run was going (another snakemake with another "
@@ -77,7 +76,7 @@ def run_training(spec: dict, run_dir: Path, *, world=None, device: str | None = 
     prints and writes the outputs)."""
     from snakeshard.devices import job_devices
     from snakeshard.train.loop import TrainingInterrupted, train
-    from snakeshard.train_config import result_inputs
+    from snakeshard.fingerprint import result_inputs
     from snakeshard.user_code import import_object
 
     stage, where = spec["stage"], f"stages.{spec['stage']}"
@@ -124,7 +123,7 @@ def run_training(spec: dict, run_dir: Path, *, world=None, device: str | None = 
 def _check_normalize(runner_cls, spec: dict, where: str) -> None:
     """A step that takes ``normalize`` in a stage without ``stats:``: the config is what lacks it (the generic
     "needs env key" error would blame the provider, after the model was built)."""
-    from snakeshard.contract import forward_parameters, runner_name
+    from snakeshard.hooks import forward_parameters, runner_name
 
     if spec["stats"]:
         return
@@ -182,7 +181,7 @@ def _build_env(spec: dict, provider_cls, devices: list[str], where: str) -> dict
 def global_mvn(stats: dict):
     """The stats stage's GlobalMVN, from its current merged output only (a stale one is refused)."""
     from snakeshard.merge import require_current
-    from snakeshard.runners.collect_stats import GlobalMVN
+    from snakeshard.runners.global_mvn import GlobalMVN
 
     require_current(Path(stats["path"]), stats["inputs"])
     return GlobalMVN(stats["path"])
