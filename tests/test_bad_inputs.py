@@ -76,7 +76,7 @@ DATA_CASES = [
     ("jsonl-key-with-space", lambda wd: use_jsonl(wd, ["a", "b", "a b", "c"]),
      ["key(s) are empty or contain whitespace", "'a b'", "data/x.jsonl:3"]),
     ("empty-key-list", lambda wd: (wd / "data/toy/wav.scp").write_text(""),
-     ["dataset data/toy has no items", "key list is empty"]),
+     ["datasets.toy: dataset data/toy has no items", "data/toy/wav.scp lists no key"]),
     ("blank-line", lambda wd: append_line(wd, ""),
      ["data/toy/wav.scp:41: empty line"]),
 ]

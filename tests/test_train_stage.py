@@ -1,7 +1,7 @@
 """The training stage in real snakemake runs (tests/train_project.py: fbank -> stats -> train -> infer -> score).
 
 What each bad input does is said in its test: a feature dimension the model does not take, keys without labels,
-an empty valid set, a non-finite loss (with and without skip_nonfinite), a train_step without a loss, a stale
+an empty train or valid set, a non-finite loss (with and without skip_nonfinite), a train_step without a loss, a stale
 upstream merge, and config mistakes at parse. Kill -9, SIGTERM and a corrupted latest.pt between reruns end with
 the weights, steps.jsonl and metrics.json of an uninterrupted run.
 """
@@ -305,13 +305,17 @@ def test_a_stale_upstream_merge_is_refused_by_the_training_job(tmp_path):
     assert "results/fbank/train: the merged output is stale" in error_line(result)
 
 
-def test_an_empty_valid_set_is_refused_naming_the_key(tmp_path):
+@pytest.mark.parametrize("split", ["train", "valid"])
+def test_an_empty_train_or_valid_set_is_refused_naming_it(tmp_path, split):
     wd = make_project(tmp_path / "p", epochs=1)
     for name in ("wav.scp", "text", "utt2spk"):
-        (wd / "data/valid" / name).write_text("")
+        (wd / f"data/{split}" / name).write_text("")
     result = run_snakemake(wd, TRAIN_TARGET)
     assert result.returncode != 0
-    assert "valid" in error_line(result)
+    # refused when the workflow is parsed (the fbank stage before the training stage plans the set): no job ran
+    assert error_line(result) == (f"snakeshard: error: datasets.{split}: dataset data/{split} has no items: "
+                                  f"data/{split}/wav.scp lists no key")
+    assert not list((wd / "results").rglob("done"))
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -284,6 +284,9 @@ def read_items(spec: dict, with_records: bool = True) -> list[Item]:
         items = _read_jsonl(path, spec)
     else:
         raise DataError(f"dataset {path}: unknown format {fmt!r} (use 'kaldi' or 'jsonl')")
+    if not items and spec.get("name"):
+        listing = path / "wav.scp" if fmt == "kaldi" else path
+        raise DataError(f"datasets.{spec['name']}: dataset {path} has no items: {listing} lists no key")
     validate_keys(items, str(path))
     return items
 
