@@ -1,0 +1,90 @@
+"""Reproduces the resume drift of docs/recipe-digits.md's "Known gap" (not a benchmark, a probe).
+
+In a digits project (`snakeshard init --recipe digits DIR --data ...`, run once to the end), retrains the training
+stage uninterrupted as the reference, then for each N: kill -9 of snakemake and its jobs once N steps are
+logged, the same command again (it resumes from the latest checkpoint), and a byte comparison of the training
+metrics.json and steps.jsonl with the reference, naming the first step whose line differs.
+
+    python bench/resume_drift.py DIR 100 200 230 377 500 [--load]
+
+``--load``: two busy-looping processes run beside each resumed run. Measured on an Intel Xeon with AVX-512
+(2 vCPUs, 2026-11-24), 13 kills: 5 drifted, always from the second update after the resume (resumed at step 150:
+steps 150 and 151 exact, 152 drifted; at 225: 227 drifted). Which kills drift changes from try to try (200
+drifted in one probe, not in the next): `python bench/resume_drift.py DIR 200 377` gave SAME, SAME, then
+`... 100 230 160 300` gave SAME, DRIFT (killed at 238), SAME, SAME.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TRAINED = Path("results/train/feats_train")
+
+
+def snakemake(*args: str) -> list[str]:
+    return [sys.executable, "-m", "snakemake", "--profile", "profiles/local", *args]
+
+
+def steps_logged() -> int:
+    try:
+        return sum(1 for line in (TRAINED / "steps.jsonl").read_text().splitlines() if '"lr"' in line)
+    except FileNotFoundError:
+        return 0
+
+
+def retrain(kill_at: int | None, load: bool) -> int | None:
+    """Train from scratch; with ``kill_at``, kill -9 everything at that step, then run again. The step killed at."""
+    shutil.rmtree("results/train", ignore_errors=True)
+    target = str(TRAINED / "done")
+    killed = None
+    if kill_at is not None:
+        driver = subprocess.Popen(snakemake(target), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+        while steps_logged() < kill_at and driver.poll() is None:
+            time.sleep(0.05)
+        killed = steps_logged()
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+        subprocess.run(snakemake("--unlock"), capture_output=True, check=True)
+    hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(2 if load else 0)]
+    try:
+        subprocess.run(snakemake(target), capture_output=True, check=True)
+    finally:
+        for hog in hogs:
+            hog.kill()
+    return killed
+
+
+def first_difference(a: bytes, b: bytes) -> str:
+    for line_a, line_b in zip(a.decode().splitlines(), b.decode().splitlines()):
+        if line_a != line_b:
+            return f"first differing line: {line_a[:80]} | {line_b[:80]}"
+    return "same lines, different lengths" if a != b else "same"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("project")
+    ap.add_argument("steps", type=int, nargs="+")
+    ap.add_argument("--load", action="store_true")
+    args = ap.parse_args()
+    os.chdir(args.project)
+    retrain(None, load=False)
+    want = {name: (TRAINED / name).read_bytes() for name in ("metrics.json", "steps.jsonl")}
+    for n in args.steps:
+        killed = retrain(n, args.load)
+        got = {name: (TRAINED / name).read_bytes() for name in want}
+        same = got == want
+        print(f"kill at step {killed}: {'SAME' if same else 'DRIFT'}"
+              + ("" if same else f"; steps.jsonl {first_difference(want['steps.jsonl'], got['steps.jsonl'])}"))
+
+
+if __name__ == "__main__":
+    main()
