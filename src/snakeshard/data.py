@@ -284,16 +284,15 @@ def read_items(spec: dict, with_records: bool = True) -> list[Item]:
         items = _read_jsonl(path, spec)
     else:
         raise DataError(f"dataset {path}: unknown format {fmt!r} (use 'kaldi' or 'jsonl')")
-    if not items and spec.get("name"):
+    if not items:
+        where = f"datasets.{spec['name']}: " if spec.get("name") else ""
         listing = path / "wav.scp" if fmt == "kaldi" else path
-        raise DataError(f"datasets.{spec['name']}: dataset {path} has no items: {listing} lists no key")
+        raise DataError(f"{where}dataset {path} has no items: {listing} lists no key")
     validate_keys(items, str(path))
     return items
 
 
 def validate_keys(items: list[Item], name: str) -> None:
-    if not items:
-        raise DataError(f"dataset {name} has no items: the key list is empty")
     # empty, holding whitespace (one C call per key), or a control character (NUL, ESC, DEL: a file name or a
     # terminal mangles them; isprintable() first, a C call that passes ASCII keys)
     bad = [i for i in items if i.key.split() != [i.key] or not i.key.isprintable() and _has_control(i.key)]

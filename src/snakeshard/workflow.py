@@ -12,10 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-from snakeshard.version import __version__
 from snakeshard.atomic import write_if_changed
-from snakeshard.devices import requested_gpus
 from snakeshard.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
+from snakeshard.devices import requested_gpus
 from snakeshard.errors import ERROR_PREFIX, ConfigError, DataError, SnakeshardError
 from snakeshard.fingerprint import (UPSTREAM_PLAN, audio_identity, digest, inputs_digest, keys_text, records_digest,
                                     result_inputs, shard_fingerprint, shard_inputs_text, stage_fingerprint)
@@ -24,6 +23,7 @@ from snakeshard.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_sha
 from snakeshard.train_config import check_stage_kind, is_training, loop_config, model_source, training_stages
 from snakeshard.user_source import (check_import_path, check_module_imports, check_runner_source, runner_default_sharding,
                                     source_digest)
+from snakeshard.version import __version__
 from snakeshard.writers import check_outputs_config
 
 # The canary's shard dir, beside the stage's dataset dirs (dataset names cannot start with "_").

@@ -216,7 +216,6 @@ class ScoringRunner(BaseRunner):
 
     @classmethod
     def report(cls, set_dir: Path, name: str, path: Path) -> None:
-
         plot_metrics(json.loads((Path(set_dir) / METRICS_JSON).read_text(encoding="utf-8")), Path(set_dir), path)
 
 
