@@ -7,6 +7,7 @@ soundfile), all frames of the set stacked, summed once in float64.
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -289,6 +290,43 @@ def test_a_later_stage_normalizes_with_the_stats(matrix):
         assert np.array_equal(feats[key], mvn(reference_frames([key]).astype(np.float32)))
     frames = np.concatenate([feats[k] for k in DEMO_KEYS]).astype(np.float64)
     assert np.abs(frames.mean(0)).max() < 1e-4 and np.abs(frames.std(0) - 1).max() < 1e-4
+
+
+def test_a_global_mvn_stage_waits_for_the_stats_merge_and_reruns_when_any_stats_shard_changes(tmp_path):
+    """The statistics are summed over every upstream key: each shard job of a global_mvn stage waits for the stats
+    stage's merge (not only for the stats shards over its own keys; found when a shard job ran before the merge had
+    written feats_stats.npz and failed), and keys appended to the data, landing in the last stats shard only,
+    rerun every normalizing shard, with the new statistics."""
+    import kaldiio
+
+    stages = {"stats": {**STATS_STAGE, "sharding": {"num_shards": 3}},
+              "mvn": {"runner": "snakeshard.runners.fbank.FbankRunner",
+                      "provider": "snakeshard.runners.fbank.FbankProvider",
+                      "provider_config": {"num_mel_bins": 80, "global_mvn": True}, "datasets": ["demo_stats"],
+                      "sample_rate": 16000, "sharding": {"num_shards": 2}}}
+    data = tmp_path / "data"
+    shutil.copytree(PROJECT / "data/demo", data)
+    datasets = {"demo": {"path": str(data), "format": "kaldi"}, "demo_stats": {"from_stage": "stats", "dataset": "demo"}}
+    wd = stats_project(tmp_path / "wf", stages, datasets)
+    plan = run_snakemake(wd, "-n")
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    jobs = re.findall(r"rule shard_mvn:\n((?:    .*\n)+)", plan.stdout)
+    assert len(jobs) == 2 and all("results/stats/demo/merged.json" in job for job in jobs), plan.stdout[-3000:]
+    run = run_snakemake(wd)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    appended = DEMO_KEYS[0]  # a copy of the first recording under a new key, last in wav.scp: the last stats shard
+    with open(data / "wav.scp", "a") as scp:
+        scp.write(f"zz-copy {data}/wav/{appended}.wav\n")
+    plan = run_snakemake(wd, "-n")
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    counts = dict(re.findall(r"^(shard_\w+)\s+(\d+)$", plan.stdout, re.M))
+    assert counts == {"shard_stats": "1", "shard_mvn": "2"}, plan.stdout[-3000:]
+    run = run_snakemake(wd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    mvn = GlobalMVN(set_dir(wd, "stats"))
+    feats = kaldiio.load_scp(str(set_dir(wd, "mvn", "demo_stats") / "feats.scp"))
+    assert np.array_equal(feats[DEMO_KEYS[1]], mvn(reference_frames([DEMO_KEYS[1]]).astype(np.float32)))
 
 
 def test_global_mvn_needs_a_stats_stage_output():

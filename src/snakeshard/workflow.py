@@ -161,6 +161,17 @@ def check_dataset_source(name: str, ds: dict, stages: dict) -> None:
         raise ConfigError(f"{where}.{extra[0]}: a from_stage dataset takes its data from the upstream dataset")
 
 
+# provider_config options with which a built-in provider reads its chained dataset's merged output, not only the
+# upstream shards over its own keys: fbank's global_mvn normalizes with statistics summed over every upstream key.
+# Such a stage's shard jobs wait for the upstream merge and rerun when it changes.
+MERGE_READING_OPTIONS = ("global_mvn",)
+
+
+def reads_upstream_merge(config: dict, stage: str) -> bool:
+    options = config["stages"][stage].get("provider_config") or {}
+    return any(options.get(name) for name in MERGE_READING_OPTIONS)
+
+
 def upstream_of(config: dict) -> dict[tuple[str, str], tuple[str, str]]:
     """(stage, dataset) -> the (stage, dataset) whose merged output it reads, for chained datasets;
     a chain that loops back on itself is an error naming it."""
@@ -457,9 +468,10 @@ class Workflow:
         up = self.upstream.get((stage, ds))
         if up:
             # A chained set's shard job reads the upstream shards that hold its keys (checked current by the job);
-            # a reader of the whole set reads the upstream merge, which must be the current one.
+            # a reader of the whole set (reads_upstream_merge) reads the upstream merge, which must be the current one.
             self.overlaps[stage, ds] = overlapping_shards(self.plans[up], plan)
-            spec["dataset"]["upstream_shards"] = [[js[0], js[-1]] for js in self.overlaps[stage, ds]]
+            if not reads_upstream_merge(self.config, stage):
+                spec["dataset"]["upstream_shards"] = [[js[0], js[-1]] for js in self.overlaps[stage, ds]]
             spec["dataset"]["upstream_inputs"] = self.inputs[up]
         source = model_source(self.config, stage)
         if source:  # inference with a trained model: its fingerprint is the stage's (retraining reruns the shards)
@@ -495,8 +507,12 @@ class Workflow:
 
     def _upstream_digests(self, stage: str, ds: str) -> list[str]:
         """Per shard of a chained set, the digest of the fingerprints of the upstream shards that hold its keys
-        (what its job reads): a change upstream reruns only the shards over the keys it touched."""
-        fingerprints = [entry["fingerprint"] for entry in self.shard_inputs[self.upstream[stage, ds]]]
+        (what its job reads): a change upstream reruns only the shards over the keys it touched. A reader of the
+        upstream merge depends on all of them: any change upstream reruns each of its shards."""
+        up = self.upstream[stage, ds]
+        if reads_upstream_merge(self.config, stage):
+            return [self.inputs[up]] * len(self.overlaps[stage, ds])
+        fingerprints = [entry["fingerprint"] for entry in self.shard_inputs[up]]
         return [inputs_digest([fingerprints[j] for j in js]) for js in self.overlaps[stage, ds]]
 
     @staticmethod
@@ -607,10 +623,13 @@ class Workflow:
     def shard_upstream(self, stage: str, dataset: str, shards: range) -> list[str]:
         """What the job of a chained set's ``shards`` waits for: the upstream jobs' outputs (split.N/done, or
         with ``shards_per_job`` a group's) for the shards holding their keys, so that it reruns when one of those
-        does, and not when another does; an inference stage's trained model's done."""
+        does, and not when another does; a reader of the upstream merge waits for it; an inference stage's trained
+        model's done."""
         up = self.upstream.get((stage, dataset))
         files = []
-        if up:
+        if up and reads_upstream_merge(self.config, stage):
+            files = [f"{set_dir(self.config, *up)}/merged.json"]
+        elif up:
             upstream_shards = sorted({j for n in shards for j in self.overlaps[stage, dataset][n]})
             files = list(dict.fromkeys(self.shard_job_files(*up, j)[1] for j in upstream_shards))
         source = model_source(self.config, stage)
