@@ -7,7 +7,10 @@ jobs + merge. The first run plans (writes N split.N/keys files) and is reported 
 a log and a lambda param, plus a merge rule over all N outputs. Warm runs of both
 sides are interleaved; the table gives medians and the ratio snakeshard / raw.
 
-    python bench/dryrun_scale.py [--sizes 1000 10000] [--repeats 3]
+    python bench/dryrun_scale.py [--sizes 1000 10000] [--repeats 3] [--shards-per-job K]
+
+``--shards-per-job 1``: one job per shard, as before ``shards_per_job: auto`` became the default (which groups
+these one-key shards 32 to a job, so the plan holds 32x fewer jobs).
 """
 
 from __future__ import annotations
@@ -68,9 +71,10 @@ def copy_workflow(root: Path, source: Path = REPO) -> None:
             shutil.copy2(src, root / name)
 
 
-def make_snakeshard(root: Path, n: int) -> None:
+def make_snakeshard(root: Path, n: int, shards_per_job: str | None = None) -> None:
     copy_workflow(root)
-    (root / "config" / "config.yaml").write_text(SNAKESHARD_CONFIG)
+    extra = f"    shards_per_job: {shards_per_job}\n" if shards_per_job else ""
+    (root / "config" / "config.yaml").write_text(SNAKESHARD_CONFIG + extra)
     data = root / "data" / "bench"
     (data / "wav").mkdir(parents=True)
     shutil.copy2(WAV, data / "wav" / WAV.name)
@@ -90,11 +94,11 @@ def dryrun(root: Path) -> tuple[float, float]:
     return timed_run(DRYRUN, root, "snakemake -n")
 
 
-def bench_size(n: int, repeats: int) -> dict:
+def bench_size(n: int, repeats: int, shards_per_job: str | None = None) -> dict:
     ss, raw = WORK / f"snakeshard_{n}", WORK / f"raw_{n}"
     shutil.rmtree(ss, ignore_errors=True)
     shutil.rmtree(raw, ignore_errors=True)
-    make_snakeshard(ss, n)
+    make_snakeshard(ss, n, shards_per_job)
     make_raw(raw, n)
     cold = dryrun(ss)  # plans: writes plan.json and N split.N/keys
     assert len(list((ss / "results" / "asr" / "bench").glob("split.*/keys"))) == n
@@ -111,11 +115,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--shards-per-job", help="the stage's shards_per_job (default: the config's default)")
     args = ap.parse_args()
 
     rows = []
     for n in args.sizes:
-        r = bench_size(n, args.repeats)
+        r = bench_size(n, args.repeats, args.shards_per_job)
         (raw_wall, ss_wall), (raw_cpu, ss_cpu) = [(r["med"]["raw", i], r["med"]["snakeshard", i]) for i in (0, 1)]
         each = {side: ", ".join(f"{wall:.2f}" for wall, _ in r["runs"][side]) for side in r["runs"]}
         rows.append(f"| {n:,} | {raw_wall:.2f} ({each['raw']}) | {ss_wall:.2f} ({each['snakeshard']}) "
