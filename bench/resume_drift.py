@@ -5,13 +5,16 @@ stage uninterrupted as the reference, then for each N: kill -9 of snakemake and 
 logged, the same command again (it resumes from the latest checkpoint), and a byte comparison of the training
 metrics.json and steps.jsonl with the reference, naming the first step whose line differs.
 
-    python bench/resume_drift.py DIR 100 200 230 377 500 [--load]
+    python bench/resume_drift.py DIR 100 200 230 377 500 [--load] [--env NAME=VALUE ...]
 
-``--load``: two busy-looping processes run beside each resumed run. Measured on an Intel Xeon with AVX-512
-(2 vCPUs, 2026-11-24), 13 kills: 5 drifted, always from the second update after the resume (resumed at step 150:
-steps 150 and 151 exact, 152 drifted; at 225: 227 drifted). Which kills drift changes from try to try (200
-drifted in one probe, not in the next): `python bench/resume_drift.py DIR 200 377` gave SAME, SAME, then
-`... 100 230 160 300` gave SAME, DRIFT (killed at 238), SAME, SAME.
+``--env``: set in every run's environment, the reference's too (leads to try where it drifts, not tried yet: pin
+the math libraries' code paths, ``--env MKL_CBWR=COMPATIBLE --env ONEDNN_MAX_CPU_ISA=AVX2``, or their thread
+counts, ``--env MKL_DYNAMIC=FALSE``). ``--load``: two busy-looping processes run beside each resumed run.
+
+Measured on an Intel Xeon with AVX-512 (2 vCPUs, 2026-11-24), 13 kills: 5 drifted, always from the second update
+after the resume (resumed at step 150: steps 150 and 151 exact, 152 drifted; at 225: 227 drifted). Which kills
+drift changes from try to try (200 drifted in one probe, not in the next): `python bench/resume_drift.py DIR 200
+377` gave SAME, SAME, then `... 100 230 160 300` gave SAME, DRIFT (killed at 238), SAME, SAME.
 
 On an AMD EPYC (AVX2, no AVX-512; 2 vCPUs, 2026-11-25), `python bench/resume_drift.py DIR 80 160 230 377 500 700`
 then the same with ``--load``: 12 kills, all SAME (resumed at steps 75, 150, 225, 375, 450, 675: the recipe trains
@@ -90,8 +93,10 @@ def main() -> None:
     ap.add_argument("project")
     ap.add_argument("steps", type=int, nargs="+")
     ap.add_argument("--load", action="store_true")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     args = ap.parse_args()
     os.chdir(args.project)
+    os.environ.update(item.split("=", 1) for item in args.env)  # snakemake and its jobs inherit them
     retrain(None, load=False)
     want = {name: (TRAINED / name).read_bytes() for name in ("metrics.json", "steps.jsonl")}
     for n in args.steps:
