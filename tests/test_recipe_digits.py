@@ -105,9 +105,9 @@ NUMBER = re.compile(r"\d+\.\d+|\d+")
 def same_but_cpu_rounding(shown: str, got: str) -> bool:
     """``got`` is the README's ``shown`` line, but for rates that may differ by one or two of a speaker's 50 takes.
 
-    The README's run was on an AMD EPYC (AVX2); torch picks its float kernels by the CPU's instruction set, so on
-    another CPU (an Intel Xeon with AVX-512 here) the same seeds train a model that differs in the last bits and
-    may classify a take or two differently (0.9933 there, 0.9900 in the README). On one machine every run gives
+    The README's run was on an AMD EPYC (AVX2), an Intel Xeon (AVX-512) trains to the same 0.9933; torch picks its
+    float kernels by the CPU, so on another one the same seeds may train a model that differs in the last bits
+    and classifies a take or two differently (an earlier AMD EPYC gave 0.9900). On one machine every run gives
     the same bytes (the kill -9 and SLURM tests compare those). Counts and words must match exactly."""
     if NUMBER.sub("#", shown).split() != NUMBER.sub("#", got).split():
         return False
