@@ -306,7 +306,8 @@ def test_a_global_mvn_stage_waits_for_the_stats_merge_and_reruns_when_any_stats_
                       "sample_rate": 16000, "sharding": {"num_shards": 2}}}
     data = tmp_path / "data"
     shutil.copytree(PROJECT / "data/demo", data)
-    datasets = {"demo": {"path": str(data), "format": "kaldi"}, "demo_stats": {"from_stage": "stats", "dataset": "demo"}}
+    datasets = {"demo": {"path": str(data), "format": "kaldi"},
+                "demo_stats": {"from_stage": "stats", "dataset": "demo"}}
     wd = stats_project(tmp_path / "wf", stages, datasets)
     plan = run_snakemake(wd, "-n")
     assert plan.returncode == 0, plan.stderr[-2000:]
