@@ -47,13 +47,11 @@ def steps_logged() -> int:
 
 
 def resume_step() -> int | None:
-    """The step of the checkpoint a rerun resumes from (latest.pt; None when there is none)."""
-    import torch
+    """The step of the checkpoint a rerun resumes from (None when there is none)."""
+    from snakeshard.train.checkpoint import CheckpointManager
 
-    latest = TRAINED / "checkpoints" / "latest.pt"
-    if not latest.exists():
-        return None
-    return torch.load(latest, map_location="cpu", weights_only=False)["progress"]["step"]
+    found = CheckpointManager(TRAINED / "checkpoints").load_latest()  # what the training loop picks
+    return None if found is None else found[0]["progress"]["step"]
 
 
 def retrain(kill_at: int | None, load: bool) -> tuple[int, int | None] | None:
@@ -61,17 +59,17 @@ def retrain(kill_at: int | None, load: bool) -> tuple[int, int | None] | None:
     at, the step of the checkpoint the rerun resumed from)."""
     shutil.rmtree("results/train", ignore_errors=True)
     target = str(TRAINED / "done")
-    killed = None
+    killed = None  # (the step killed at, the step resumed from)
     if kill_at is not None:
         driver = subprocess.Popen(snakemake(target), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   start_new_session=True)
         while steps_logged() < kill_at and driver.poll() is None:
             time.sleep(0.05)
-        killed = steps_logged()
+        step = steps_logged()
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
         subprocess.run(snakemake("--unlock"), capture_output=True, check=True)
-        killed = (killed, resume_step())
+        killed = (step, resume_step())
     hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(2 if load else 0)]
     try:
         subprocess.run(snakemake(target), capture_output=True, check=True)

@@ -330,6 +330,43 @@ def test_a_global_mvn_stage_waits_for_the_stats_merge_and_reruns_when_any_stats_
     assert np.array_equal(feats[DEMO_KEYS[1]], mvn(reference_frames([DEMO_KEYS[1]]).astype(np.float32)))
 
 
+def test_a_users_provider_declares_the_options_that_read_the_upstream_merge(tmp_path):
+    """A project's own provider says which of its provider_config options read the upstream merge
+    (``reads_upstream_merge``, annotated or not): with the option set its shard jobs wait for the merge, without it
+    for the upstream shards only; a declaration that is not a tuple of names is refused at parse, naming the key."""
+    stages = {"stats": {**STATS_STAGE, "sharding": {"num_shards": 3}},
+              "norm": {"runner": "snakeshard.runners.fbank.FbankRunner", "provider": "mynorm.NormProvider",
+                       "provider_config": {"num_mel_bins": 80, "normalize": True}, "datasets": ["demo_stats"],
+                       "sample_rate": 16000, "sharding": {"num_shards": 2}}}
+    datasets = {"demo": {"path": "data/demo", "format": "kaldi"},
+                "demo_stats": {"from_stage": "stats", "dataset": "demo"}}
+    wd = stats_project(tmp_path / "wf", stages, datasets)
+    module = wd / "mynorm.py"
+    declared = "from snakeshard.runners.fbank import FbankProvider\n\n\nclass NormProvider(FbankProvider):\n    {}\n"
+
+    def shard_inputs(declaration: str, normalize: bool = True) -> list[str]:
+        module.write_text(declared.format(declaration or "pass"))
+        config = read_config(wd)
+        config["stages"]["norm"]["provider_config"]["normalize"] = normalize
+        write_config(wd, config)
+        plan = run_snakemake(wd, "-n")
+        assert plan.returncode == 0, plan.stderr[-2000:]
+        return re.findall(r"rule shard_norm:\n((?:    .*\n)+)", plan.stdout)
+
+    jobs = shard_inputs('reads_upstream_merge: tuple[str, ...] = ("normalize",)')
+    assert len(jobs) == 2 and all("results/stats/demo/merged.json" in job for job in jobs)
+    jobs = shard_inputs('reads_upstream_merge: tuple[str, ...] = ("normalize",)', normalize=False)
+    assert len(jobs) == 2 and not any("merged.json" in job for job in jobs)
+    jobs = shard_inputs("")
+    assert len(jobs) == 2 and not any("merged.json" in job for job in jobs)
+
+    module.write_text(declared.format('reads_upstream_merge = "normalize"'))
+    plan = run_snakemake(wd, "-n")
+    assert plan.returncode != 0
+    assert ("stages.norm.provider: mynorm.NormProvider.reads_upstream_merge is 'normalize': a tuple of "
+            "provider_config option names") in plan.stderr, plan.stderr[-2000:]
+
+
 def test_global_mvn_needs_a_stats_stage_output():
     from snakeshard.runners.fbank import FbankProvider
 

@@ -35,6 +35,12 @@ class EnvironmentProvider:
     ``["cpu"]``, or ``["cuda:0", ...]`` for the GPUs of the job's own allocation.
     """
 
+    # provider_config options that, set true, make the provider read its chained dataset's whole merged output,
+    # not only the upstream shards over the shard's own keys (fbank's global_mvn: statistics summed over every
+    # key). The stage's shard jobs then wait for the upstream merge and rerun when it changes. A literal in the
+    # class's own body: the workflow reads it from the source at parse time, without importing the provider.
+    reads_upstream_merge: tuple[str, ...] = ()
+
     def __init__(self, config: dict | None = None):
         self.config = dict(config or {})
 

@@ -82,7 +82,7 @@ def runner_default_sharding(path: str, where: str) -> dict:
     """A stage without ``sharding`` takes its runner's ``default_sharding``, a literal class attribute
     read from the runner's source (parse time imports no runner): e.g. CollectStatsRunner shards by audio
     seconds, since a frontend's cost is linear in audio."""
-    sharding = runner_literal(path, "default_sharding", where)
+    sharding = class_literal(path, "default_sharding", f"{where}.runner")
     if sharding is None:
         raise ConfigError(f"{where}.sharding: not set, and the runner {path} declares no default_sharding: set one "
                           "of num_shards, shard_size, shard_seconds")
@@ -92,21 +92,35 @@ def runner_default_sharding(path: str, where: str) -> dict:
 def runner_reports(path: str, where: str) -> list[str]:
     """The PNG files a runner draws after its merge for ``snakemake --report`` (its literal ``reports``
     attribute, e.g. ScoringRunner's ``metrics.png``); the workflow's report rule asks its ``report``."""
-    reports = list(runner_literal(path, "reports", where) or ())
+    reports = list(class_literal(path, "reports", f"{where}.runner") or ())
     bad = [name for name in reports if not (isinstance(name, str) and name.endswith(".png") and "/" not in name)]
     if bad:
         raise ConfigError(f"{where}.runner: {path}.reports lists {bad[0]!r}: reports are PNG file names (x.png)")
     return reports
 
 
-def runner_literal(path: str, name: str, where: str):
-    """The literal value of class attribute ``name`` in the runner's own source (None if it sets none)."""
+def provider_merge_options(path: str, where: str) -> tuple[str, ...]:
+    """The provider_config options with which the provider reads its chained dataset's merged output (its literal
+    ``reads_upstream_merge``, e.g. FbankProvider's ``("global_mvn",)``; see EnvironmentProvider)."""
+    options = class_literal(path, "reads_upstream_merge", where)
+    if options is None:
+        return ()
+    if not (isinstance(options, (tuple, list)) and all(isinstance(name, str) for name in options)):
+        raise ConfigError(f"{where}: {path}.reads_upstream_merge is {options!r}: a tuple of provider_config "
+                          "option names")
+    return tuple(options)
+
+
+def class_literal(path: str, name: str, where: str):
+    """The literal value of class attribute ``name`` in the class's own source (None if it sets none); ``where``:
+    the config key naming the class."""
     import ast
 
-    found = check_import_path(path, f"{where}.runner")
+    found = check_import_path(path, where)
     for item in _class_body(found[1], path) if found else ():
-        if (isinstance(item, ast.Assign) and len(item.targets) == 1
-                and getattr(item.targets[0], "id", None) == name):
+        target = (item.targets[0] if isinstance(item, ast.Assign) and len(item.targets) == 1
+                  else item.target if isinstance(item, ast.AnnAssign) and item.value is not None else None)
+        if getattr(target, "id", None) == name:
             try:
                 return ast.literal_eval(item.value)
             except ValueError:

@@ -21,8 +21,8 @@ from snakeshard.fingerprint import (UPSTREAM_PLAN, audio_identity, digest, input
 from snakeshard.plan import AUTO, ensure_plan, overlapping_shards, read_audio_files, shards_per_job
 from snakeshard.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys, shard_job_files
 from snakeshard.train_config import check_stage_kind, is_training, loop_config, model_source, training_stages
-from snakeshard.user_source import (check_import_path, check_module_imports, check_runner_source, runner_default_sharding,
-                                    source_digest)
+from snakeshard.user_source import (check_import_path, check_module_imports, check_runner_source, provider_merge_options,
+                                    runner_default_sharding, source_digest)
 from snakeshard.version import __version__
 from snakeshard.writers import check_outputs_config
 
@@ -161,15 +161,14 @@ def check_dataset_source(name: str, ds: dict, stages: dict) -> None:
         raise ConfigError(f"{where}.{extra[0]}: a from_stage dataset takes its data from the upstream dataset")
 
 
-# provider_config options with which a built-in provider reads its chained dataset's merged output, not only the
-# upstream shards over its own keys: fbank's global_mvn normalizes with statistics summed over every upstream key.
-# Such a stage's shard jobs wait for the upstream merge and rerun when it changes.
-MERGE_READING_OPTIONS = ("global_mvn",)
-
-
-def reads_upstream_merge(config: dict, stage: str) -> bool:
-    options = config["stages"][stage].get("provider_config") or {}
-    return any(options.get(name) for name in MERGE_READING_OPTIONS)
+def reads_upstream_merge(stage: dict, where: str) -> bool:
+    """Whether a stage's provider reads its chained datasets' whole merged output, not only the upstream shards over
+    a shard's keys: the provider declares an option for it (EnvironmentProvider.reads_upstream_merge, e.g. fbank's
+    global_mvn) and the stage's provider_config sets it. Its shard jobs then wait for the upstream merge."""
+    options = stage.get("provider_config") or {}
+    provider = stage.get("provider")
+    return bool(options and provider) and any(options.get(name)
+                                              for name in provider_merge_options(provider, f"{where}.provider"))
 
 
 def upstream_of(config: dict) -> dict[tuple[str, str], tuple[str, str]]:
@@ -405,6 +404,8 @@ class Workflow:
         self.specs: dict[tuple[str, str], dict] = {}
         self.trainings: dict[str, dict] = {}  # training stage -> what its rule and the stages using its model need
         self.upstream = upstream_of(config)  # chained (stage, dataset) -> the (stage, dataset) it reads
+        self.merge_readers = {stage for stage, _ in self.upstream  # stages whose shard jobs read the upstream merge
+                              if reads_upstream_merge(config["stages"][stage], f"stages.{stage}")}
         self.overlaps: dict[tuple[str, str], list[list[int]]] = {}  # chained set: per shard, the upstream shards
         self.jobs_k: dict[tuple[str, str], int] = {}  # set -> shards per job (plan.shards_per_job)
         stat_cache: dict[str, str] = {}  # audio file -> identity, shared by stages over the same data
@@ -468,9 +469,9 @@ class Workflow:
         up = self.upstream.get((stage, ds))
         if up:
             # A chained set's shard job reads the upstream shards that hold its keys (checked current by the job);
-            # a reader of the whole set (reads_upstream_merge) reads the upstream merge, which must be the current one.
+            # a reader of the whole set (merge_readers) reads the upstream merge, which must be the current one.
             self.overlaps[stage, ds] = overlapping_shards(self.plans[up], plan)
-            if not reads_upstream_merge(self.config, stage):
+            if stage not in self.merge_readers:
                 spec["dataset"]["upstream_shards"] = [[js[0], js[-1]] for js in self.overlaps[stage, ds]]
             spec["dataset"]["upstream_inputs"] = self.inputs[up]
         source = model_source(self.config, stage)
@@ -510,7 +511,7 @@ class Workflow:
         (what its job reads): a change upstream reruns only the shards over the keys it touched. A reader of the
         upstream merge depends on all of them: any change upstream reruns each of its shards."""
         up = self.upstream[stage, ds]
-        if reads_upstream_merge(self.config, stage):
+        if stage in self.merge_readers:
             return [self.inputs[up]] * len(self.overlaps[stage, ds])
         fingerprints = [entry["fingerprint"] for entry in self.shard_inputs[up]]
         return [inputs_digest([fingerprints[j] for j in js]) for js in self.overlaps[stage, ds]]
@@ -627,7 +628,7 @@ class Workflow:
         model's done."""
         up = self.upstream.get((stage, dataset))
         files = []
-        if up and reads_upstream_merge(self.config, stage):
+        if up and stage in self.merge_readers:
             files = [f"{set_dir(self.config, *up)}/merged.json"]
         elif up:
             upstream_shards = sorted({j for n in shards for j in self.overlaps[stage, dataset][n]})

@@ -86,6 +86,8 @@ class FbankProvider(EnvironmentProvider):
     so its jobs wait for those statistics and rerun when they change.
     """
 
+    reads_upstream_merge = ("global_mvn",)
+
     def build_env_local(self) -> dict:
         spec = self.config["dataset"]
         rate = int(spec.get("sample_rate") or 16000)
