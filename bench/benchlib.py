@@ -82,7 +82,7 @@ def rotated(names, rep: int) -> list:
 
 def case_dirs(work: Path, cases, keys: list[str]) -> dict:
     """name -> ``work/case<N>``, one fresh shard dir per case, each holding ``keys`` as a shard's keys file."""
-    from snakeshard.fingerprint import keys_text
+    from snakeshard.core.fingerprint import keys_text
 
     dirs = {}
     for n, name in enumerate(cases):

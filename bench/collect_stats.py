@@ -67,8 +67,8 @@ datasets:
   big: {{path: {data}, format: kaldi}}
 stages:
   stats:
-    runner: snakeshard.runners.CollectStatsRunner
-    provider: snakeshard.runners.CollectStatsProvider
+    runner: snakeshard.stages.CollectStatsRunner
+    provider: snakeshard.stages.CollectStatsProvider
     provider_config: {{num_mel_bins: 80}}
     datasets: [big]
     sample_rate: 16000
@@ -124,7 +124,7 @@ def run_loop(data: Path, out: Path) -> tuple[float, float]:
     """(wall s, CPU s) of the sequential loop writing out/{feats_stats.npz, feats_lengths_stats.npz, speech_shape}."""
     import numpy as np
 
-    from snakeshard.runners.collect_stats import stats_npz_bytes
+    from snakeshard.stages.collect_stats import stats_npz_bytes
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

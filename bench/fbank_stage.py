@@ -38,8 +38,8 @@ datasets:
   big: {{path: {data}, format: kaldi}}
 stages:
   fbank:
-    runner: snakeshard.runners.fbank.FbankRunner
-    provider: snakeshard.runners.fbank.FbankProvider
+    runner: snakeshard.stages.fbank.FbankRunner
+    provider: snakeshard.stages.fbank.FbankProvider
     provider_config: {{num_mel_bins: 80}}
     datasets: [big]
     sample_rate: 16000
@@ -71,7 +71,7 @@ def loop_fbanks(data: Path):
     read, then the stage's own ``compute_fbank`` (80 bins, 16 kHz)."""
     import soundfile
 
-    from snakeshard.runners.fbank import compute_fbank, fbank_options
+    from snakeshard.stages.fbank import compute_fbank, fbank_options
 
     opts = fbank_options({"num_mel_bins": 80}, 16000)
     with open(data / "wav.scp") as f:

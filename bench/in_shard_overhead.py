@@ -1,6 +1,6 @@
 """Benchmark (not a test): per-item overhead of the shard path vs a bare Python loop.
 
-A trivial forward over N keys, through ``snakeshard.shard.run_shard_dir`` (what a shard
+A trivial forward over N keys, through ``snakeshard.core.shard.run_shard_dir`` (what a shard
 job runs once its env is built: progress bar on, stderr going to a log file) and through a
 bare loop that writes the same files (``text``, and a ``done`` with the same fields,
 keys digest included). Both read the keys from ``<dir>/keys``.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchlib import case_dirs, rotated
 from snakeshard import BaseRunner
-from snakeshard.shard import run_shard_dir
+from snakeshard.core.shard import run_shard_dir
 
 WORK = Path(__file__).resolve().parent / "work" / "in_shard"
 ENV = {"suffix": "x"}

@@ -97,7 +97,7 @@ def bench_fsync(keys: int, shards: int) -> dict:
     """Seconds per shard of run_shard with real fsync and with fsync as a no-op, interleaved."""
     sys.path.insert(0, str(REPO / "src"))
     from snakeshard import BaseRunner
-    from snakeshard.shard import run_shard
+    from snakeshard.core.shard import run_shard
 
     class Runner(BaseRunner):
         @staticmethod

@@ -7,7 +7,7 @@ Two workflows of N jobs each, run with `--cores 2`:
     `shards_per_job: K`, so N/K jobs; snakeshard_auto: the default, `shards_per_job` left out (auto);
   * raw: a Snakefile of N rule instances `echo {i} > {output}` (plus `all`), with the local profile's
     scheduling options (greedy, subsample 100, keep-going);
-  * raw_patched: the same with snakeshard's Snakemake patches applied (snakeshard/snakemake_patches.py),
+  * raw_patched: the same with snakeshard's Snakemake patches applied (snakeshard/workflow/snakemake_patches.py),
     which snakeshard's workflow applies: the baseline without Snakemake's timer chains;
   * raw_python: raw_patched whose jobs run `python -c pass` (this interpreter): the floor for any
     job that is a Python process.
@@ -88,7 +88,7 @@ def snakeshard_dir(path: Path, n: int, shards_per_job: int | str = 1) -> Path:
 def raw_dir(path: Path, n: int, patched: bool, python: bool) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
-    patch = "from snakeshard import snakemake_patches\n\nsnakemake_patches.apply()\n" if patched else ""
+    patch = "from snakeshard.workflow import snakemake_patches\n\nsnakemake_patches.apply()\n" if patched else ""
     (path / "Snakefile").write_text(patch + RAW)
     config = {"n": n}
     if python:

@@ -32,9 +32,9 @@ import numpy as np
 
 from benchlib import machine_info, rotated
 from snakeshard import BaseRunner
-from snakeshard.fingerprint import keys_text
-from snakeshard.merge import merge_fragments
-from snakeshard.shard import run_shard_dir
+from snakeshard.core.fingerprint import keys_text
+from snakeshard.core.merge import merge_fragments
+from snakeshard.core.shard import run_shard_dir
 
 WORK = Path(__file__).resolve().parent / "work" / "merge_scale"
 ZERO = np.zeros(1, dtype=np.float32)

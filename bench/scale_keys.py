@@ -35,7 +35,7 @@ import os
 import time
 
 from snakeshard import BaseRunner, EnvironmentProvider
-from snakeshard.data import load_dataset
+from snakeshard.core.data import load_dataset
 
 FIRST = []
 

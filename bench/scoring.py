@@ -78,8 +78,8 @@ datasets:
   big: {{path: {data}, format: jsonl, key_field: key}}
 stages:
   score:
-    runner: snakeshard.runners.ScoringRunner
-    provider: snakeshard.runners.ScoringProvider
+    runner: snakeshard.stages.ScoringRunner
+    provider: snakeshard.stages.ScoringProvider
     provider_config: {{metrics: [wer], hypothesis: hyp, reference: ref, normalize: [lowercase, remove_punctuation]}}
     datasets: [big]
 {sharding}    resources: {{mem_mb: 1000, runtime: 30, cpus_per_task: 1}}
@@ -308,7 +308,7 @@ def synthetic_labels(n: int, rng: random.Random) -> tuple[list[str], list[str], 
 def write_states(root: Path, m: int, scored: list[dict], synthetic) -> list[Path]:
     """M shard dirs, each with the metric_state.json ScoringRunner.finalize_state writes for its part."""
     from snakeshard.metrics import ConfusionMatrix, RegressionMetrics, WordErrorRate
-    from snakeshard.runners.scoring import Scoring, ScoringRunner
+    from snakeshard.stages.scoring import Scoring, ScoringRunner
 
     scoring = Scoring({"metrics": ["wer", "classification", "regression"], "normalize": NORMALIZE})
     refs, preds, targets, predictions = synthetic
@@ -333,7 +333,7 @@ def write_states(root: Path, m: int, scored: list[dict], synthetic) -> list[Path
 def merge_states(dirs: list[Path]) -> tuple[dict, dict]:
     """({metric: computed value}, {step: seconds}): read and parse every state, then merge and compute each metric."""
     from snakeshard.metrics import ConfusionMatrix, RegressionMetrics, WordErrorRate
-    from snakeshard.runners.scoring import STATE_FILE
+    from snakeshard.stages.scoring import STATE_FILE
 
     seconds = {}
     t0 = time.perf_counter()

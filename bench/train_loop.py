@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import snakeshard.train.loop as loop  # noqa: E402
-from snakeshard.atomic import atomic_write_bytes  # noqa: E402
+from snakeshard.io.atomic import atomic_write_bytes  # noqa: E402
 from snakeshard.train import TorchRunner, rng, train  # noqa: E402
 from snakeshard.train.checkpoint import CheckpointManager, read_checkpoint  # noqa: E402
 

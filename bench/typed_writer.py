@@ -31,7 +31,7 @@ import numpy as np
 
 from benchlib import case_dirs, machine_info, rotated
 from snakeshard import BaseRunner
-from snakeshard.shard import run_shard_dir
+from snakeshard.core.shard import run_shard_dir
 
 WORK = Path(__file__).resolve().parent / "work" / "typed_writer"
 SHAPE = (10, 8)

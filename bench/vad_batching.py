@@ -120,8 +120,8 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from snakeshard.batch import padding_ratio, plan_batches
-    from snakeshard.runners.vad import SileroVadProvider, SileroVadRunner
+    from snakeshard.io.batch import padding_ratio, plan_batches
+    from snakeshard.stages.vad import SileroVadProvider, SileroVadRunner
 
     print(f"- {machine_info(torch=torch.__version__)}")
     how = make_data(args.utts, args.rebuild)

@@ -21,7 +21,7 @@ import os
 import time
 
 from snakeshard import BaseRunner, EnvironmentProvider
-from snakeshard.data import load_dataset
+from snakeshard import load_dataset
 
 
 class ToyProvider(EnvironmentProvider):
@@ -45,6 +45,47 @@ class UpperRunner(BaseRunner):
             time.sleep(item_delay)
         return {"text": key.upper() + suffix, "audio": dataset[key]["audio"]}
 '''
+
+
+# The suite runs on parallel workers (pytest-xdist: `-n logical --dist loadscope` in pyproject.toml): a worker takes
+# a whole module at a time, so a module-scoped fixture runs once, and the SLURM tests (all in test_slurm.py) never
+# queue on the one-node cluster beside each other.
+def pytest_collection_modifyitems(config, items):
+    # The SLURM tests first: their module is the longest (~12 of ~46 minutes, mostly waiting on the cluster), and
+    # modules are handed out in this order (`--no-loadscope-reorder`), so the others run beside it, not after it.
+    items.sort(key=lambda item: not item.get_closest_marker("slurm"))
+
+
+def pytest_configure(config):
+    # Once, in the process that starts the workers (they have `workerinput`), before any test runs: installing a
+    # package while other workers' snakemake runs import the plugin registry would race them.
+    if not hasattr(config, "workerinput"):
+        install_slurm_extra_when_a_cluster_answers()
+
+
+def slurm_cluster_up() -> bool:
+    if not shutil.which("sinfo"):
+        return False
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def install_slurm_extra_when_a_cluster_answers() -> None:
+    """The `slurm` extra (the executor plugin), installed into this venv when a cluster answers and it is missing:
+    the README's commands do not install it, so that local runs never load it."""
+    import importlib.util
+    import tomllib
+
+    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is not None or not slurm_cluster_up():
+        return
+    # the extra's requirements as pyproject.toml pins them (not `-e .[slurm]`: that would reinstall snakeshard)
+    extra = tomllib.loads((PROJECT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["slurm"]
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *extra],
+                             capture_output=True, text=True, timeout=600)
+    if install.returncode != 0:
+        raise pytest.UsageError("installing the slurm extra failed:\n" + install.stderr[-3000:])
 
 
 def run_snakemake(workdir: Path, *args: str, timeout: int = 600, profile: str = "local") -> subprocess.CompletedProcess:

@@ -412,8 +412,8 @@ def test_a_job_imports_the_users_class_and_explains_each_failure(tmp_path, monke
     check's ConfigError naming the config key; a module that is there but fails importing a package that is
     not installed raises a ConfigError naming the key, the failed import's file:line and the package, caused by
     the ModuleNotFoundError."""
+    from snakeshard.core.user_code import import_object
     from snakeshard.errors import ConfigError
-    from snakeshard.user_code import import_object
 
     (tmp_path / "good_stage.py").write_text("class Runner:\n    pass\n")
     (tmp_path / "broken_stage.py").write_text("import no_such_package_xyz\n\nclass Runner:\n    pass\n")

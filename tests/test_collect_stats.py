@@ -1,4 +1,4 @@
-"""The built-in collect-stats stage (snakeshard.runners.CollectStatsRunner), run by real snakemake over the demo.
+"""The built-in collect-stats stage (snakeshard.stages.CollectStatsRunner), run by real snakemake over the demo.
 
 Reference numbers are computed here independently of the runner: Kaldi fbank of each demo wav (read with
 soundfile), all frames of the set stacked, summed once in float64.
@@ -20,11 +20,11 @@ import soundfile as sf
 
 from conftest import PROJECT, copy_workflow, read_config, run_snakemake, shard_process, wait_for, write_config
 from snakeshard.errors import ConfigError, ContractError, ShardError
-from snakeshard.runners import CollectStatsProvider, CollectStatsRunner, GlobalMVN
-from snakeshard.runners.fbank import compute_fbank, fbank_options
+from snakeshard.stages import CollectStatsProvider, CollectStatsRunner, GlobalMVN
+from snakeshard.stages.fbank import compute_fbank, fbank_options
 
 DEMO_KEYS = (PROJECT / "data/demo/wav.scp").read_text().split()[::2]
-STATS_STAGE = {"runner": "snakeshard.runners.CollectStatsRunner", "provider": "snakeshard.runners.CollectStatsProvider",
+STATS_STAGE = {"runner": "snakeshard.stages.CollectStatsRunner", "provider": "snakeshard.stages.CollectStatsProvider",
                "provider_config": {"num_mel_bins": 80}, "datasets": ["demo"], "sample_rate": 16000,
                "resources": {"mem_mb": 1000, "runtime": 10, "cpus_per_task": 1}}
 MODEL_STAGE = {**STATS_STAGE, "provider": "statsmodels.ModelProvider", "provider_config": {"model": "fbank"}}
@@ -38,9 +38,8 @@ import time
 
 import torch
 
-from snakeshard import EnvironmentProvider
-from snakeshard.data import load_dataset
-from snakeshard.runners.fbank import compute_fbank, fbank_options
+from snakeshard import EnvironmentProvider, load_dataset
+from snakeshard.stages.fbank import compute_fbank, fbank_options
 
 
 class KaldiFbankModel(torch.nn.Module):
@@ -128,7 +127,7 @@ def matrix(tmp_path_factory) -> Path:
                        "sharding": {"num_shards": 3}, "batch_size": 4}
     stages["builtin_collected"] = {**STATS_STAGE, "provider_config": {"num_mel_bins": 80, "write_collected_feats": True},
                                    "sharding": {"num_shards": 2}}
-    stages["fbank"] = {"runner": "snakeshard.runners.fbank.FbankRunner", "provider": "snakeshard.runners.fbank.FbankProvider",
+    stages["fbank"] = {"runner": "snakeshard.stages.fbank.FbankRunner", "provider": "snakeshard.stages.fbank.FbankProvider",
                        "provider_config": {"num_mel_bins": 80}, "datasets": ["demo"], "sample_rate": 16000,
                        "sharding": {"num_shards": 2}}
     stages["upstream"] = {**STATS_STAGE, "provider_config": {"frontend": "upstream"}, "datasets": ["demo_fbank"],
@@ -264,7 +263,7 @@ def test_default_sharding_is_by_audio_seconds_and_the_log_counts_seconds(matrix)
     assert plan["num_shards"] == 1 and plan["sharding"] == {"shard_seconds": 3600}
     log = (set_dir(matrix, "by_seconds_sorted") / "logs/split.0.log").read_text()
     assert re.search(r"shard 0: \d+ items \(\d+\.\d s of audio, \d+x real time\) in \d+\.\d\d s", log), log
-    assert "\r" not in log  # progress is lines (snakeshard.progress, every 10 s: tests/test_job_overhead.py), not a redrawn bar
+    assert "\r" not in log  # progress is lines (snakeshard.core.progress, every 10 s: tests/test_job_overhead.py), not a redrawn bar
 
 
 def test_global_mvn_normalizes_like_espnet2(matrix):
@@ -300,8 +299,8 @@ def test_a_global_mvn_stage_waits_for_the_stats_merge_and_reruns_when_any_stats_
     import kaldiio
 
     stages = {"stats": {**STATS_STAGE, "sharding": {"num_shards": 3}},
-              "mvn": {"runner": "snakeshard.runners.fbank.FbankRunner",
-                      "provider": "snakeshard.runners.fbank.FbankProvider",
+              "mvn": {"runner": "snakeshard.stages.fbank.FbankRunner",
+                      "provider": "snakeshard.stages.fbank.FbankProvider",
                       "provider_config": {"num_mel_bins": 80, "global_mvn": True}, "datasets": ["demo_stats"],
                       "sample_rate": 16000, "sharding": {"num_shards": 2}}}
     data = tmp_path / "data"
@@ -335,14 +334,14 @@ def test_a_users_provider_declares_the_options_that_read_the_upstream_merge(tmp_
     (``reads_upstream_merge``, annotated or not): with the option set its shard jobs wait for the merge, without it
     for the upstream shards only; a declaration that is not a tuple of names is refused at parse, naming the key."""
     stages = {"stats": {**STATS_STAGE, "sharding": {"num_shards": 3}},
-              "norm": {"runner": "snakeshard.runners.fbank.FbankRunner", "provider": "mynorm.NormProvider",
+              "norm": {"runner": "snakeshard.stages.fbank.FbankRunner", "provider": "mynorm.NormProvider",
                        "provider_config": {"num_mel_bins": 80, "normalize": True}, "datasets": ["demo_stats"],
                        "sample_rate": 16000, "sharding": {"num_shards": 2}}}
     datasets = {"demo": {"path": "data/demo", "format": "kaldi"},
                 "demo_stats": {"from_stage": "stats", "dataset": "demo"}}
     wd = stats_project(tmp_path / "wf", stages, datasets)
     module = wd / "mynorm.py"
-    declared = "from snakeshard.runners.fbank import FbankProvider\n\n\nclass NormProvider(FbankProvider):\n    {}\n"
+    declared = "from snakeshard.stages.fbank import FbankProvider\n\n\nclass NormProvider(FbankProvider):\n    {}\n"
 
     def shard_inputs(declaration: str, normalize: bool = True) -> list[str]:
         module.write_text(declared.format(declaration or "pass"))
@@ -368,7 +367,7 @@ def test_a_users_provider_declares_the_options_that_read_the_upstream_merge(tmp_
 
 
 def test_global_mvn_needs_a_stats_stage_output():
-    from snakeshard.runners.fbank import FbankProvider
+    from snakeshard.stages.fbank import FbankProvider
 
     with pytest.raises(ConfigError, match=r"provider_config.global_mvn: dataset 'demo' must be a collect-stats "
                                           r"stage's output .*no feats_stats.npz"):
@@ -377,7 +376,7 @@ def test_global_mvn_needs_a_stats_stage_output():
 
 def test_global_mvn_floors_the_variance(tmp_path):
     """A constant feature dim (variance 0, or slightly negative from rounding): std is sqrt(1e-20), not NaN."""
-    from snakeshard.runners.collect_stats import stats_npz_bytes
+    from snakeshard.stages.collect_stats import stats_npz_bytes
 
     (tmp_path / "feats_stats.npz").write_bytes(stats_npz_bytes(4, [8.0, 4.0], [16.0, 4.0 - 1e-15]))
     mvn = GlobalMVN(tmp_path)
@@ -474,7 +473,7 @@ def test_provider_config_errors_name_the_key(config, message):
 
 
 def run_in_process(env: dict, keys: list[str], shard_dir: Path, **options):
-    from snakeshard.shard import run_shard
+    from snakeshard.core.shard import run_shard
 
     return run_shard(CollectStatsRunner, env, keys, shard_dir, progress=False, **options)
 
@@ -502,27 +501,27 @@ def test_env_without_frontend_or_model_is_a_contract_error(tmp_path):
 def test_stage_without_sharding_needs_a_runner_default(tmp_path):
     """validate_config fills a missing sharding from the runner's default_sharding (read from its source, the
     class found through the package's re-export); a runner without one is an error naming the key."""
-    from snakeshard.workflow import validate_config
+    from snakeshard.workflow.parse import validate_config
 
     config = {"datasets": {"demo": {"path": "data/demo"}},
               "stages": {"stats": {k: v for k, v in STATS_STAGE.items() if k != "resources"}}}
     validate_config(config)
     assert config["stages"]["stats"]["sharding"] == {"shard_seconds": 3600}
-    config["stages"]["fbank"] = {"runner": "snakeshard.runners.fbank.FbankRunner",
-                                 "provider": "snakeshard.runners.fbank.FbankProvider", "datasets": ["demo"]}
-    with pytest.raises(ConfigError, match=r"stages.fbank.sharding: not set, and the runner snakeshard.runners.fbank"
+    config["stages"]["fbank"] = {"runner": "snakeshard.stages.fbank.FbankRunner",
+                                 "provider": "snakeshard.stages.fbank.FbankProvider", "datasets": ["demo"]}
+    with pytest.raises(ConfigError, match=r"stages.fbank.sharding: not set, and the runner snakeshard.stages.fbank"
                                           r".FbankRunner declares no default_sharding"):
         validate_config(config)
 
 
 def test_code_fingerprint_follows_the_reexport():
-    """`snakeshard.runners.CollectStatsRunner` digests collect_stats.py (where the class is defined), not the
+    """`snakeshard.stages.CollectStatsRunner` digests collect_stats.py (where the class is defined), not the
     package's __init__.py: editing the runner reruns its stages."""
-    from snakeshard.user_source import source_digest
+    from snakeshard.core.user_source import source_digest
 
-    assert (source_digest("snakeshard.runners.CollectStatsRunner", "x")
-            == source_digest("snakeshard.runners.collect_stats.CollectStatsRunner", "x")
-            != source_digest("snakeshard.runners.fbank.FbankRunner", "x"))
+    assert (source_digest("snakeshard.stages.CollectStatsRunner", "x")
+            == source_digest("snakeshard.stages.collect_stats.CollectStatsRunner", "x")
+            != source_digest("snakeshard.stages.fbank.FbankRunner", "x"))
 
 
 def test_in_process_run_returns_shapes_and_features():
@@ -536,7 +535,7 @@ def test_in_process_run_returns_shapes_and_features():
 
 def test_grouped_field_names_cannot_clash(tmp_path):
     """A field `g/x` lives in dir g: a field named `g` in the same shard is refused, naming both."""
-    from snakeshard.writers import FieldWriters
+    from snakeshard.io.writers import FieldWriters
 
     writers = FieldWriters(tmp_path)
     writers.write({"key": "a", "collect_feats/feats": "1"})
@@ -545,7 +544,7 @@ def test_grouped_field_names_cannot_clash(tmp_path):
 
 
 def test_dataerror_names_frame_and_dim():
-    from snakeshard.runners.collect_stats import _first_nonfinite
+    from snakeshard.stages.collect_stats import _first_nonfinite
 
     seq = np.zeros((4, 3))
     seq[2, 1] = np.nan
@@ -580,7 +579,7 @@ class TinyModel:
 
 def test_model_path_contract_errors(tmp_path):
     """A collate_fn that reorders the batch, and load_inputs giving keys different inputs: errors naming why."""
-    from snakeshard.runners.collect_stats import common_collate_fn
+    from snakeshard.stages.collect_stats import common_collate_fn
 
     def reversed_collate(items):
         keys, batch = common_collate_fn(items)
@@ -598,8 +597,8 @@ def test_global_mvn_refuses_stats_of_another_width(tmp_path):
     """Stats of 80-dim features applied to a 40-bin fbank stage: an error naming both widths, not a broadcast."""
     from types import SimpleNamespace
 
-    from snakeshard.runners.collect_stats import stats_npz_bytes
-    from snakeshard.runners.fbank import _global_mvn
+    from snakeshard.stages.collect_stats import stats_npz_bytes
+    from snakeshard.stages.fbank import _global_mvn
 
     (tmp_path / "feats_stats.npz").write_bytes(stats_npz_bytes(2, np.zeros(80), np.ones(80)))
     with pytest.raises(ConfigError, match=r"feats_stats.npz has \(80,\) dims, this stage's fbank 40"):

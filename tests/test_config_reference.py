@@ -20,7 +20,7 @@ def schema_keys(obj: dict, prefix: str = ""):
 
 def test_docs_config_md_is_what_the_schema_renders():
     """docs/config.md is generated from workflow/schemas/config.schema.yaml, its one source."""
-    from snakeshard.config_reference import COMMAND, render
+    from snakeshard.workflow.config_reference import COMMAND, render
 
     assert (PROJECT / "docs/config.md").read_text() == render(), (
         f"docs/config.md differs from what the config schema renders: run `{COMMAND}` (and commit docs/config.md)")
@@ -31,7 +31,7 @@ def test_every_schema_key_has_a_meaning_and_a_default():
     a default value passes the key's own schema."""
     import jsonschema
 
-    from snakeshard.config_reference import load_schema
+    from snakeshard.workflow.config_reference import load_schema
 
     keys = list(schema_keys(load_schema()))
     assert len(keys) > 80
@@ -44,10 +44,10 @@ def test_every_schema_key_has_a_meaning_and_a_default():
 
 def test_schema_defaults_are_the_codes():
     """The defaults the schema states are those the code uses when a key is left out."""
-    from snakeshard import workflow
-    from snakeshard.config_reference import load_schema
     from snakeshard.train import loop
     from snakeshard.train.schedule import lr_lambda
+    from snakeshard.workflow import parse
+    from snakeshard.workflow.config_reference import load_schema
 
     schema = load_schema()
     stage = schema["properties"]["stages"]["additionalProperties"]["properties"]
@@ -55,19 +55,19 @@ def test_schema_defaults_are_the_codes():
     def defaults(obj):
         return {key: sub["default"] for key, sub in obj["properties"].items() if "default" in sub}
 
-    assert schema["properties"]["canary"]["default"] == workflow.DEFAULT_CANARY
-    resources = workflow.stage_resources({"stages": {"s": {}}}, "s")
+    assert schema["properties"]["canary"]["default"] == parse.DEFAULT_CANARY
+    resources = parse.stage_resources({"stages": {"s": {}}}, "s")
     assert defaults(stage["resources"]) == {"mem_mb": resources["mem_mb"], "runtime": resources["runtime"],
-                                            "gpu": workflow.requested_gpus({})}
+                                            "gpu": parse.requested_gpus({})}
     assert stage["resources"]["properties"]["cpus_per_task"]["x-default"] == f"workers, else {resources['cpus_per_task']}"
     assert stage["retries"]["default"] == resources["retries"]
-    assert defaults(stage["fingerprint"]) == workflow.FINGERPRINT_DEFAULTS
-    assert defaults(stage["checkpoint"]) == {**loop.DEFAULTS["checkpoint"], "signal_seconds": workflow.SIGNAL_SECONDS}
+    assert defaults(stage["fingerprint"]) == parse.FINGERPRINT_DEFAULTS
+    assert defaults(stage["checkpoint"]) == {**loop.DEFAULTS["checkpoint"], "signal_seconds": parse.SIGNAL_SECONDS}
     for key in ("seed", "accum_steps", "skip_nonfinite"):
         assert stage[key]["default"] == loop.DEFAULTS[key], key
     keyword = lr_lambda.__kwdefaults__
     assert defaults(stage["schedule"]) == {k: keyword[k] for k in ("strategy", "min_lr")}
-    from snakeshard import plan
+    from snakeshard.core import plan
 
     assert stage["shards_per_job"]["default"] == plan.AUTO
     assert f"{plan.AUTO_ITEMS} items or {plan.AUTO_SECONDS:.0f} s of audio" in stage["shards_per_job"]["description"]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from snakeshard import BaseRunner, EnvironmentProvider, InferenceProvider
-from snakeshard.hooks import RESERVED_ENV_NAMES
+from snakeshard.core.fingerprint import keys_digest
+from snakeshard.core.hooks import RESERVED_ENV_NAMES
 from snakeshard.errors import ContractError, ShardError
-from snakeshard.fingerprint import keys_digest
 
 KEYS = [f"k{i}" for i in range(7)]
 
@@ -461,7 +461,7 @@ def test_forward_parameters_read_from_code_agree_with_inspect(forward):
     import costs every shard job ~10 ms) and what it reads equals what inspect.signature gives: the first
     positional parameter, the names after it, the ones without a default, whether **env is taken. A decorated
     function, a partial or a builtin goes through inspect itself."""
-    from snakeshard.hooks import _parameters_by_inspect, forward_parameters
+    from snakeshard.core.hooks import _parameters_by_inspect, forward_parameters
 
     try:
         expected = _parameters_by_inspect(forward)

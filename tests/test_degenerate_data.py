@@ -17,7 +17,7 @@ import pytest
 import soundfile as sf
 
 from conftest import read_config, run_cli, run_snakemake, write_config
-from snakeshard.data import Item, read_items
+from snakeshard.core.data import Item, read_items
 from test_inputs_changed import KEYS, SET, make_audio_project, merged, write_wav
 
 ERROR = "snakeshard: error: "
@@ -141,8 +141,8 @@ def test_forward_returning_nan_fails_naming_key_and_field_unless_allowed(project
 def test_nan_in_a_slice_of_plain_results_is_caught_in_process(tmp_path):
     """The bulk writer path (many plain results at once) declines a NaN; the item path names it."""
     from snakeshard import BaseRunner
+    from snakeshard.core.shard import run_shard
     from snakeshard.errors import ShardError
-    from snakeshard.shard import run_shard
 
     class Runner(BaseRunner):
         @staticmethod
@@ -316,7 +316,7 @@ def test_read_only_output_dir_at_parse_names_the_path(project, small_disk):
 def test_mixed_str_and_float_field_still_writes_in_bulk(tmp_path):
     """A field holding floats for some keys and strings for others is plain: written, not an error."""
     from snakeshard import BaseRunner
-    from snakeshard.shard import run_shard
+    from snakeshard.core.shard import run_shard
 
     class Runner(BaseRunner):
         @staticmethod

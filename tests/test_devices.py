@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from snakeshard.devices import job_devices, visible_gpu_count
+from snakeshard.core.devices import job_devices, visible_gpu_count
+from snakeshard.core.devices import requested_gpus
 from snakeshard.errors import ConfigError
-from snakeshard.devices import requested_gpus
 
 
 @pytest.mark.parametrize("resources, gpus", [

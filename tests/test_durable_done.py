@@ -12,7 +12,7 @@ from pathlib import Path
 
 from conftest import run_cli, run_snakemake
 from snakeshard import BaseRunner
-from snakeshard.shard import run_shard
+from snakeshard.core.shard import run_shard
 from test_inputs_changed import SET, expected_merged, make_audio_project, merged
 
 

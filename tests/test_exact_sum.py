@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from snakeshard.exact_sum import ExactSum
+from snakeshard.stages.exact_sum import ExactSum
 
 
 def values() -> np.ndarray:

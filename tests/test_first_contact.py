@@ -41,7 +41,7 @@ def set_stage(wd: Path, **changes) -> None:
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
 def test_atomic_writes_follow_the_umask(tmp_path, umask, mode):
     """atomic_write_text under umask 022/002/077 gives 0644/0664/0600, as a plain open() would."""
-    code = ("import os, sys; os.umask(int(sys.argv[1], 8)); from snakeshard.atomic import atomic_write_text; "
+    code = ("import os, sys; os.umask(int(sys.argv[1], 8)); from snakeshard.io.atomic import atomic_write_text; "
             "atomic_write_text(sys.argv[2], 'x'); open(sys.argv[3], 'w').close()")
     subprocess.run([sys.executable, "-c", code, oct(umask)[2:], tmp_path / "atomic", tmp_path / "plain"], check=True)
     assert stat.S_IMODE((tmp_path / "atomic").stat().st_mode) == mode
@@ -179,7 +179,7 @@ def test_lock_note_names_the_runs_profile_and_says_nothing_beside_a_live_snakema
     """The note in-process: the profile as the run was given it (quoted for the shell), else $SNAKEMAKE_PROFILE,
     else none; nothing without lock files, for an --unlock run, or while a snakemake process has the directory as
     its working directory (here a stand-in whose command line is `python -c ... -m snakemake`)."""
-    from snakeshard.workflow import stale_lock_note
+    from snakeshard.workflow.parse import stale_lock_note
 
     monkeypatch.delenv("SNAKEMAKE_PROFILE", raising=False)
     assert stale_lock_note(str(tmp_path), [], os.getpid()) is None  # no .snakemake/locks

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import PROJECT, make_kaldi_dir, read_config, run_cli, run_snakemake, write_config
 from snakeshard import BaseRunner, EnvironmentProvider, InferenceProvider
-from snakeshard.data import load_dataset
+from snakeshard import load_dataset
 from snakeshard.errors import ContractError, DataError
 
 DEMO = {"path": str(PROJECT / "data/demo")}
@@ -88,7 +88,7 @@ def test_provider_implementing_nothing_names_both_entries():
 
 ESPNET3_MODULE = '''
 from snakeshard import BaseRunner, InferenceProvider
-from snakeshard.data import load_dataset
+from snakeshard import load_dataset
 
 
 class Espnet3StyleProvider(InferenceProvider):
@@ -140,7 +140,7 @@ def test_int_indices_are_positions_into_the_dataset_in_plan_order():
     assert [r["key"] for r in KeyRunner(provider)([9, 0])] == [DEMO_KEYS[9], DEMO_KEYS[0]]
     assert list(load_dataset(DEMO)) == DEMO_KEYS
 
-    from snakeshard.plan import make_plan
+    from snakeshard.core.plan import make_plan
 
     _, shard_keys, _ = make_plan({"name": "demo", **DEMO}, {"num_shards": 3})
     assert len(shard_keys) == 3 and [k for keys in shard_keys for k in keys] == DEMO_KEYS

@@ -150,14 +150,14 @@ def test_hooks_that_take_the_calls_pass_and_run(toy_workdir):
 
 
 def test_shipped_runners_pass_the_hook_check():
-    """Every class of the modules whose runners ship (snakeshard.runners.*, the demo's PocketSphinx runner) passes
+    """Every class of the modules whose runners ship (snakeshard.stages.*, the demo's PocketSphinx runner) passes
     the parse checks, read from their source as a stage's runner is."""
     import ast
     import importlib.util
 
-    from snakeshard.user_source import check_import_path, check_runner_source
+    from snakeshard.core.user_source import check_import_path, check_runner_source
 
-    modules = ["snakeshard.demo.asr", *(f"snakeshard.runners.{name}" for name in
+    modules = ["snakeshard.demo.asr", *(f"snakeshard.stages.{name}" for name in
                                         ("collect_stats", "fbank", "scoring", "scoring_report", "vad"))]
     checked = []
     for module in modules:

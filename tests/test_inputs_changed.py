@@ -17,14 +17,14 @@ import pytest
 import soundfile as sf
 
 from conftest import copy_workflow, read_config, run_cli, run_snakemake, write_config
-from snakeshard.data import load_dataset
+from snakeshard import load_dataset
+from snakeshard.core.merge import StaleMergedOutput, require_current
 from snakeshard.errors import SnakeshardError
-from snakeshard.merge import StaleMergedOutput, require_current
-from snakeshard.workflow import read_fingerprints
+from snakeshard.workflow.parse import read_fingerprints
 
 AUDIO_MODULE = '''
 from snakeshard import BaseRunner, EnvironmentProvider
-from snakeshard.data import load_dataset
+from snakeshard import load_dataset
 
 
 class AudioProvider(EnvironmentProvider):
@@ -299,7 +299,7 @@ def test_a_slurm_jobs_parse_reuses_the_main_processs_audio_identity(project, mon
     """Workflow(reuse_audio_identity=True), what a job's own Snakemake builds: it takes the audio digests from
     fingerprints.json instead of stat'ing every file again, so it agrees with the main process even if a
     file changed since; a fresh main-process parse sees the change."""
-    from snakeshard.workflow import Workflow
+    from snakeshard.workflow.parse import Workflow
 
     monkeypatch.chdir(project)
     monkeypatch.syspath_prepend(str(project))  # audio_stage.py, as the Snakefile's parse sees it

@@ -33,7 +33,7 @@ MODULE = '''
 import numpy as np
 
 from snakeshard import BaseRunner, EnvironmentProvider
-from snakeshard.data import load_dataset
+from snakeshard import load_dataset
 
 
 class Provider(EnvironmentProvider):
@@ -216,7 +216,7 @@ def test_an_array_field_keeps_one_trailing_shape_in_a_shard_and_across_shards(tm
     """(3, 80) then (3, 40), or a vector then a matrix, in one ark field: the second key fails naming both
     shapes. Shards that disagree (each alike inside) are refused by the merge naming the field. (An npy field
     takes arrays of any shape: it is the format for them.)"""
-    from snakeshard.merge import merge_fragments
+    from snakeshard.core.merge import merge_fragments
     from test_typed_outputs import run_table
 
     wide, narrow = np.zeros((3, 80), np.float32), np.zeros((3, 40), np.float32)
@@ -315,9 +315,9 @@ def test_a_moved_project_says_which_sets_point_back_and_the_fix_works(tmp_path):
     upper = out[out.index("stage upper"):out.index("summary")]
     assert "merged: yes, current" in upper and "moved" not in upper
     assert "summary: 2 done, 2 moved" in out
-    from snakeshard.data import load_dataset
-    from snakeshard.merge import StaleMergedOutput
-    from snakeshard.workflow import read_fingerprints
+    from snakeshard import load_dataset
+    from snakeshard.core.merge import StaleMergedOutput
+    from snakeshard.workflow.parse import read_fingerprints
 
     spec = {"name": "toy", "format": "stage", "path": str(new / "results/s/toy"),
             "source": {"name": "toy", "path": str(new / "data/toy"), "format": "kaldi"},

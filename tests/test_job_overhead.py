@@ -16,8 +16,8 @@ import zlib
 import pytest
 
 from conftest import run_snakemake
-from snakeshard import snakemake_patches
-from snakeshard.progress import ProgressLog
+from snakeshard.core.progress import ProgressLog
+from snakeshard.workflow import snakemake_patches
 
 
 class FakeScheduler:
@@ -106,7 +106,7 @@ def test_input_sizes_are_read_once_per_file_and_a_missing_one_again():
 PARAMS_CHECK = """
 import json, sys
 from snakemake.persistence import PersistenceBase, UNREPRESENTABLE
-from snakeshard import snakemake_patches
+from snakeshard.workflow import snakemake_patches
 snakemake_patches.apply()
 # With the slurm extra installed, Snakemake's plugin registry has imported pandas already (the plugin
 # imports it): then there is nothing left to check, and "pandas_before" says so.
@@ -151,9 +151,9 @@ def test_a_shard_job_imports_neither_tqdm_nor_multiprocessing(tmp_path):
     progress) do not import tqdm (~25 ms) or multiprocessing (its lock, ~6 ms); a pool job imports the
     latter when it starts its pool, not before. A scoring, merge or report job, which computes nothing with
     numpy, does not import it (~60 ms) through the runners package."""
-    code = ("import sys, snakeshard.cli, snakeshard.job, snakeshard.shard, snakeshard.user_code, snakeshard.workflow, snakeshard.data, "
-            "snakeshard.devices, snakeshard.fingerprint, snakeshard.progress, snakeshard.merge; "
-            "from snakeshard.runners import ScoringRunner, ScoringProvider; "
+    code = ("import sys, snakeshard.cli, snakeshard.workflow.job, snakeshard.core.shard, snakeshard.core.user_code, snakeshard.workflow.parse, snakeshard.core.data, "
+            "snakeshard.core.devices, snakeshard.core.fingerprint, snakeshard.core.progress, snakeshard.core.merge; "
+            "from snakeshard.stages import ScoringRunner, ScoringProvider; "
             "print(sorted(m for m in ('tqdm', 'multiprocessing', 'socket', 'uuid', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.replace("'", '"')) == []
@@ -217,7 +217,7 @@ def test_a_shard_job_imports_none_of_the_costly_stdlib_modules(toy_workdir):
     assert job.returncode == 0, job.stderr + (toy_workdir / "results/upper/toy/logs/split.1.log").read_text()
     assert (toy_workdir / "results/upper/toy/split.1/done").is_file()
     imported = set(modules.read_text().split("\n"))
-    assert "snakeshard.shard" in imported and "toy" in imported  # it did run the shard loop and the runner
+    assert "snakeshard.core.shard" in imported and "toy" in imported  # it did run the shard loop and the runner
     assert sorted(imported & NOT_IN_A_JOB.keys()) == []
 
 
@@ -227,7 +227,7 @@ def test_hooks_a_runner_overrides_get_the_shard_dir_as_a_path(tmp_path):
     from pathlib import Path
 
     from snakeshard import BaseRunner, EnvironmentProvider
-    from snakeshard.writers import FieldWriters
+    from snakeshard.io.writers import FieldWriters
 
     class Provider(EnvironmentProvider):
         def build_env_local(self):
@@ -268,7 +268,7 @@ def test_the_job_parser_gives_what_argparse_gives_and_leaves_the_rest_to_it():
     missing or unknown option, both of two exclusive ones, a bad shard number, --help) it leaves to argparse,
     which words the error."""
     from snakeshard.cli import build_parser
-    from snakeshard.job import parse_job_args as _job_args
+    from snakeshard.workflow.job import parse_job_args as _job_args
 
     rule_lines = [
         "run-shard --shard 3 --spec r/s/t/spec.json --shard-dir r/s/t/split.3 --shard-inputs a:b:c:d --log l/split.3.log",
@@ -302,7 +302,7 @@ def test_digests_are_sha256_as_hashlib_gives_them():
     recorded by earlier versions, which hashed small inputs with CPython's own SHA-256, must not change)."""
     import hashlib
 
-    from snakeshard.fingerprint import digest, digest_bytes
+    from snakeshard.core.fingerprint import digest, digest_bytes
 
     for data in [b"", b"k0001\n", bytes(range(256)) * 1000, b"x" * (1 << 20), b"y" * ((1 << 20) + 1)]:
         assert digest_bytes(data) == hashlib.sha256(data).hexdigest()[:20]

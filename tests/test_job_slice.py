@@ -15,7 +15,7 @@ import resource
 import sys
 
 from snakeshard import BaseRunner, EnvironmentProvider
-from snakeshard.data import load_dataset
+from snakeshard import load_dataset
 
 OPENED = []
 sys.addaudithook(lambda event, args: OPENED.append(str(args[0])) if event == "open" else None)

@@ -27,10 +27,10 @@ BATCHINGS = {"unbatched": {"batch_size": None, "batch_seconds": None, "sort_by_l
              "count3": {"batch_size": 3, "batch_seconds": None, "sort_by_length": False},
              "seconds8sorted": {"batch_size": None, "batch_seconds": 8, "sort_by_length": True}}
 # Runners whose forward takes a list of keys although the shipped config does not batch them.
-BATCH_AWARE = {"snakeshard.runners.CollectStatsRunner", "snakeshard.runners.ScoringRunner"}
+BATCH_AWARE = {"snakeshard.stages.CollectStatsRunner", "snakeshard.stages.ScoringRunner"}
 # The one output that is not bit-exact across batchings: torch's batched kernels round differently from
 # its single-item ones (silero-vad's per-frame probabilities move by ~1e-6; its segments and wavs do not).
-TOLERATED = {("snakeshard.runners.vad.SileroVadRunner", "speech_prob"): 1e-4}
+TOLERATED = {("snakeshard.stages.vad.SileroVadRunner", "speech_prob"): 1e-4}
 SET_FILES_NOT_COMPARED = {"merged.json", "spec.json", "fingerprints.json", "plan.json", "audio_files.json",
                           "summary.html"}  # timings
 PATH_FORMATS = ("ark", "npy", "wav", "flac")  # fields whose index lines name files under split.N/
@@ -130,7 +130,7 @@ def test_the_demo_decoder_forgets_what_it_heard_before():
     3 s of loud noise. Without ``reinit_feat()`` in ``decode`` the decoder's live cepstral mean carried over
     and 2 of the 10 keys changed (librivox_austen-0870 and -0890): a key's text depended on which key came
     before it in its shard."""
-    from snakeshard.data import load_dataset
+    from snakeshard import load_dataset
     from snakeshard.demo.pocketsphinx_asr import decode, make_decoder
 
     dataset = load_dataset({"path": str(PROJECT / "data/demo"), "format": "kaldi"})

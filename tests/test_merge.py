@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from snakeshard import BaseRunner
+from snakeshard.core.fingerprint import inputs_digest, shard_fingerprint
+from snakeshard.core.merge import merge_set as merge_with_fingerprints
+from snakeshard.core.plan import ensure_plan
+from snakeshard.core.shard import run_shard
+from snakeshard.core.shard_files import read_shard_keys
 from snakeshard.errors import MergeError
-from snakeshard.fingerprint import inputs_digest, shard_fingerprint
-from snakeshard.merge import merge_set as merge_with_fingerprints
-from snakeshard.plan import ensure_plan
-from snakeshard.shard_files import read_shard_keys
-from snakeshard.shard import run_shard
 
 STAGE_FP = "stagefp0123456789abc"
 KEYS = [f"utt{i:02d}" for i in range(10)]

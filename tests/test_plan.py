@@ -1,4 +1,4 @@
-"""Unit tests of snakeshard.plan: contiguous cost-balanced splitting, budgets, determinism, plan.json caching."""
+"""Unit tests of snakeshard.core.plan: contiguous cost-balanced splitting, budgets, determinism, plan.json caching."""
 
 from __future__ import annotations
 
@@ -10,17 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from snakeshard.data import Item
+from snakeshard.core.data import Item
+from snakeshard.core.fingerprint import keys_digest
+from snakeshard.core.plan import ensure_plan, make_plan, plan_shards, split_by_budget, split_contiguous
+from snakeshard.core.shard_files import read_shard_keys
 from snakeshard.errors import ConfigError, DataError
-from snakeshard.fingerprint import keys_digest
-from snakeshard.plan import (
-    ensure_plan,
-    make_plan,
-    plan_shards,
-    split_by_budget,
-    split_contiguous,
-)
-from snakeshard.shard_files import read_shard_keys
 
 PROJECT = Path(__file__).resolve().parents[1]
 DEMO_WAV = PROJECT / "data/demo/wav/cards-001.wav"
@@ -349,8 +343,8 @@ def test_jsonl_record_change_changes_only_its_shards_records_digest(tmp_path):
 def test_each_shard_gets_its_slice_of_the_dataset(tmp_path):
     """split.N/items.json holds exactly the shard's items, with where each was declared; a dataset built
     from it (as a shard job's load_dataset is) has those keys only, and names the slice for any other key."""
-    from snakeshard.data import load_dataset
-    from snakeshard.shard_files import SHARD_ITEMS
+    from snakeshard import load_dataset
+    from snakeshard.core.shard_files import SHARD_ITEMS
 
     spec = kaldi_dir(tmp_path / "data", [f"u{i:02d}" for i in range(40)])
     set_dir = tmp_path / "set"
@@ -369,8 +363,8 @@ def test_each_shard_gets_its_slice_of_the_dataset(tmp_path):
 def test_a_jsonl_slice_holds_each_record_as_written(tmp_path):
     """A JSON Lines shard's slice splices each record's line in as written (no re-encoding): the fields a job
     sees equal the full dataset's, whatever the line's spacing, escapes or non-ASCII text."""
-    from snakeshard.data import load_dataset
-    from snakeshard.shard_files import SHARD_ITEMS
+    from snakeshard import load_dataset
+    from snakeshard.core.shard_files import SHARD_ITEMS
 
     lines = ['{"key": "a", "text": "caf\\u00e9", "n": [1, {"x": null}]}',
              '{ "key" : "b" , "text" : "naïve", "duration": 2 }',
@@ -393,8 +387,8 @@ def test_a_jsonl_slice_holds_each_record_as_written(tmp_path):
 
 def test_a_replan_rewrites_the_slices(tmp_path):
     """An edited text line changes the plan's signature: the slice holds the new text."""
-    from snakeshard.data import load_dataset
-    from snakeshard.shard_files import SHARD_ITEMS
+    from snakeshard import load_dataset
+    from snakeshard.core.shard_files import SHARD_ITEMS
 
     spec = kaldi_dir(tmp_path / "data", [f"u{i}" for i in range(6)])
     set_dir = tmp_path / "set"
@@ -409,7 +403,7 @@ def test_a_replan_rewrites_the_slices(tmp_path):
 def test_overlapping_shards_are_the_upstream_shards_holding_each_shards_keys():
     """A chained set's shards and its upstream's cut the same keys: the overlap of their key ranges, checked
     against the keys themselves for many random cuts."""
-    from snakeshard.plan import overlapping_shards
+    from snakeshard.core.plan import overlapping_shards
 
     def plan_of(sizes):
         return {"num_items": sum(sizes), "num_shards": len(sizes), "shards": [{"items": n} for n in sizes]}

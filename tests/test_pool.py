@@ -340,7 +340,7 @@ def test_pool_config_errors_name_the_key_at_parse_time(tmp_path, stage, message)
 
 
 def test_workers_set_the_jobs_cpus_unless_given():
-    from snakeshard.workflow import stage_resources
+    from snakeshard.workflow.parse import stage_resources
 
     config = {"stages": {"a": {"workers": 3}, "b": {"workers": 3, "resources": {"cpus_per_task": 8}}, "c": {}}}
     assert [stage_resources(config, s)["cpus_per_task"] for s in "abc"] == [3, 8, 1]

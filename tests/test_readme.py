@@ -194,6 +194,6 @@ def test_readme_scoring_stage_block_is_the_shipped_one():
 
 def test_readme_config_block_is_a_valid_config():
     """The annotated config in the guide's config section passes the schema and its cross-checks."""
-    from snakeshard.workflow import validate_config
+    from snakeshard.workflow.parse import validate_config
 
     validate_config(yaml.safe_load(doc_block(GUIDE, "yaml", "output_dir: results")))

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import copy_workflow, read_config, run_cli, run_snakemake, write_config
 
-SCORING = {"runner": "snakeshard.runners.ScoringRunner", "provider": "snakeshard.runners.ScoringProvider",
+SCORING = {"runner": "snakeshard.stages.ScoringRunner", "provider": "snakeshard.stages.ScoringProvider",
            "datasets": ["scored"]}
 NORMALIZE = ["lowercase", "remove_punctuation"]
 FAMILIES = {
@@ -288,7 +288,7 @@ def test_config_errors_name_the_key(tmp_path, provider_config, message):
 
 def test_normalization_must_be_explicit_for_wer():
     from snakeshard.errors import ConfigError
-    from snakeshard.runners.scoring import Scoring
+    from snakeshard.stages.scoring import Scoring
 
     with pytest.raises(ConfigError, match=r"normalize: wer and cer need an explicit text normalization"):
         Scoring({"metrics": ["wer"]})
@@ -317,8 +317,8 @@ def test_the_report_rule_refuses_a_stale_merge(scored):
 
 
 def test_reports_must_be_png_names(tmp_path, monkeypatch):
+    from snakeshard.core.user_source import runner_reports
     from snakeshard.errors import ConfigError
-    from snakeshard.user_source import runner_reports
 
     (tmp_path / "plots.py").write_text("class R:\n    reports = ('metrics.png', 'table.txt')\n")
     monkeypatch.syspath_prepend(str(tmp_path))

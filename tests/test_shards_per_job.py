@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from conftest import read_config, run_cli, run_snakemake, write_config
-from snakeshard.merge import rerun_command
+from snakeshard.core.merge import rerun_command
 
 TOY = Path("results/upper/toy")
 

@@ -40,7 +40,7 @@ def hostile_config(workdir: Path, out: str) -> None:
     config["datasets"]["toy_upper"] = {"from_stage": "upper", "dataset": "toy"}
     config["stages"]["upper"]["shards_per_job"] = 2
     config["stages"]["score"] = {
-        "runner": "snakeshard.runners.ScoringRunner", "provider": "snakeshard.runners.ScoringProvider",
+        "runner": "snakeshard.stages.ScoringRunner", "provider": "snakeshard.stages.ScoringProvider",
         "provider_config": {"metrics": ["wer"], "hypothesis": "text", "reference": "text", "normalize": ["lowercase"]},
         "datasets": ["toy_upper"], "sharding": {"num_shards": 2}}
     write_config(workdir, config)

@@ -7,7 +7,6 @@ controller answers (`.ci/run` starts the cluster before the tests and stops it f
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -15,38 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PROJECT, keep_only_stage, read_config, run_cli, write_config
+from conftest import keep_only_stage, read_config, run_cli, slurm_cluster_up, write_config
 from test_first_contact import MISSING_ENV
-
-
-def _cluster_up() -> bool:
-    if not shutil.which("sinfo"):
-        return False
-    try:
-        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
-    except subprocess.TimeoutExpired:
-        return False
-
 
 pytestmark = [
     pytest.mark.slurm,
-    pytest.mark.skipif(not _cluster_up(), reason="no SLURM controller answers (start ../shared/tools/local-slurm)"),
+    pytest.mark.skipif(not slurm_cluster_up(), reason="no SLURM controller answers (start ../shared/tools/local-slurm)"),
 ]
-
-@pytest.fixture(scope="module", autouse=True)
-def slurm_extra():
-    """The `slurm` extra (the executor plugin), installed into this venv when a cluster answers and it is
-    missing: the README's commands do not install it, so that local runs never load it."""
-    import importlib.util
-    import tomllib
-
-    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
-        # the extra's requirements as pyproject.toml pins them (not `-e .[slurm]`: that would reinstall snakeshard)
-        extra = tomllib.loads((PROJECT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["slurm"]
-        install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *extra],
-                                 capture_output=True, text=True, timeout=600)
-        assert install.returncode == 0, "installing the slurm extra failed:\n" + install.stderr[-3000:]
-
 
 FAST_STATUS = ["--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1"]
 SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")

@@ -1,4 +1,4 @@
-"""Snakeshard's Snakemake patches (src/snakeshard/snakemake_patches.py) are applied only on the Snakemake
+"""Snakeshard's Snakemake patches (src/snakeshard/workflow/snakemake_patches.py) are applied only on the Snakemake
 versions they were checked against: the installed Snakemake must be in each patch's range and ship the
 methods the patch was written against (recorded in docs/upstream/original/); outside the range a patch is
 left out, and a real run says so once per patch. What each patch does is tested in test_job_overhead.py."""
@@ -16,7 +16,7 @@ import pytest
 from conftest import PROJECT, run_snakemake
 from packaging.specifiers import SpecifierSet
 
-from snakeshard.snakemake_patches import PATCHES
+from snakeshard.workflow.snakemake_patches import PATCHES
 
 ORIGINALS = PROJECT / "docs" / "upstream" / "original"
 
@@ -25,7 +25,7 @@ ORIGINALS = PROJECT / "docs" / "upstream" / "original"
 # told of a version no patch was checked on, and whether Snakemake's methods are still its own after that.
 FRESH = """
 import importlib, inspect, json
-from snakeshard import snakemake_patches
+from snakeshard.workflow import snakemake_patches
 def methods(attrs):
     return {name: [getattr(importlib.import_module(p.module), p.cls).__dict__[a] for a in attrs(p)]
             for name, p in snakemake_patches.PATCHES.items()}
@@ -58,7 +58,7 @@ def test_the_installed_snakemake_is_one_the_patch_was_checked_against(name, fres
     """Fails on a Snakemake upgrade (or a changed method), saying which patch to re-check and how."""
     patch = PATCHES[name]
     version = importlib.metadata.version("snakemake")
-    todo = (f"Re-check patch {name} (src/snakeshard/snakemake_patches.py) against snakemake {version}: compare "
+    todo = (f"Re-check patch {name} (src/snakeshard/workflow/snakemake_patches.py) against snakemake {version}: compare "
             f"{patch.cls}.{patch.attr} and the code that calls it with docs/upstream/original/{name}.py.txt, run "
             f"the reproduction of docs/upstream/{name}.md and tests/test_job_overhead.py; then widen CHECKED and "
             f"record the new source, or drop the patch if Snakemake no longer has the cost.")

@@ -201,7 +201,7 @@ def test_a_rank_that_raises_fails_the_job_naming_it_and_its_error(tmp_path):
 ])
 def test_ranks_mistakes_fail_the_parse_naming_stages_train_ranks(tmp_path, monkeypatch, change, message):
     from snakeshard.errors import ConfigError
-    from snakeshard.workflow import validate_config
+    from snakeshard.workflow.parse import validate_config
 
     (tmp_path / "tones.py").write_text(train_project.MODULE)
     monkeypatch.chdir(tmp_path)
@@ -215,8 +215,8 @@ def test_ranks_mistakes_fail_the_parse_naming_stages_train_ranks(tmp_path, monke
 
 def test_ranks_checked_past_the_schema_and_only_for_training_stages(tmp_path, monkeypatch):
     from snakeshard.errors import ConfigError
-    from snakeshard.train_config import _check_ranks, loop_config
-    from snakeshard.workflow import validate_config
+    from snakeshard.workflow.parse import validate_config
+    from snakeshard.workflow.train_config import _check_ranks, loop_config
 
     for bad in (0, "two", True, 1.5):
         with pytest.raises(ConfigError, match=r"stages\.train\.ranks: .* is not a number of ranks"):

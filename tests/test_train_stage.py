@@ -342,7 +342,7 @@ def test_an_empty_train_or_valid_set_is_refused_naming_it(tmp_path, split):
 ])
 def test_training_config_mistakes_fail_the_parse_naming_the_key(tmp_path, monkeypatch, change, message):
     from snakeshard.errors import ConfigError
-    from snakeshard.workflow import validate_config
+    from snakeshard.workflow.parse import validate_config
 
     (tmp_path / "tones.py").write_text(train_project.MODULE)  # the parse finds the runner's module
     monkeypatch.chdir(tmp_path)

@@ -26,7 +26,7 @@ import soundfile as sf
 from conftest import (copy_workflow, make_kaldi_dir, read_config, run_cli, run_snakemake, shard_process, wait_for,
                       write_config)
 from snakeshard import BaseRunner, EnvironmentProvider
-from snakeshard.data import load_dataset
+from snakeshard import load_dataset
 from snakeshard.errors import ShardError
 
 TYPED_MODULE = '''
@@ -173,7 +173,7 @@ class TableProvider(EnvironmentProvider):
 def run_table(tmp_path, table: dict, **options):
     keys = list(table)
     runner = ValuesRunner(TableProvider({"table": table}), output_dir=tmp_path / "split.0")
-    from snakeshard.shard import run_shard
+    from snakeshard.core.shard import run_shard
 
     return run_shard(ValuesRunner, runner.provider.build_env_local(), keys, tmp_path / "split.0", progress=False,
                      **options)
@@ -248,7 +248,7 @@ def test_values_no_writer_can_take_fail_with_the_fix(tmp_path, table, options, m
 # -- padded batches --
 
 def test_collate_pads_and_unbatch_cuts_back_numpy_and_torch():
-    from snakeshard.batch import collate, unbatch
+    from snakeshard.io.batch import collate, unbatch
 
     items = [np.arange(3 * 2, dtype=np.float32).reshape(3, 2), np.ones((1, 2), np.float32), np.zeros((4, 2), np.float32)]
     b = collate(items, keys=["a", "b", "c"], pad_value=-1)
@@ -265,7 +265,7 @@ def test_collate_pads_and_unbatch_cuts_back_numpy_and_torch():
 
 
 def test_plan_batches_by_count_seconds_and_sorted():
-    from snakeshard.batch import padding_ratio, plan_batches
+    from snakeshard.io.batch import padding_ratio, plan_batches
 
     lengths = [3.0, 1.0, 5.0, 1.0, 2.0]
     assert plan_batches(lengths, batch_size=2) == [[0, 1], [2, 3], [4]]
@@ -275,7 +275,7 @@ def test_plan_batches_by_count_seconds_and_sorted():
     assert padding_ratio(lengths, [[0, 1], [2], [3, 4]]) == pytest.approx(1 - 12 / 15)
 
 
-FBANK_STAGE = {"runner": "snakeshard.runners.fbank.FbankRunner", "provider": "snakeshard.runners.fbank.FbankProvider",
+FBANK_STAGE = {"runner": "snakeshard.stages.fbank.FbankRunner", "provider": "snakeshard.stages.fbank.FbankProvider",
                "provider_config": {"num_mel_bins": 80}, "datasets": ["demo"], "sample_rate": 16000,
                "sharding": {"num_shards": 2}}
 BATCHINGS = {"plain": {"batch_size": None}, "count": {"batch_size": 3}, "seconds": {"batch_seconds": 8},
@@ -313,7 +313,7 @@ def test_fbank_batched_by_count_and_seconds_sorted_or_not_is_byte_identical_to_u
                      r"of the batched length", log)
     feats = kaldiio.load_scp(str(wd / "results/fbank_plain/demo/feats.scp"))
     frames = dict(line.split() for line in (wd / "results/fbank_plain/demo/utt2num_frames").read_text().splitlines())
-    from snakeshard.runners.fbank import compute_fbank, fbank_options
+    from snakeshard.stages.fbank import compute_fbank, fbank_options
 
     samples, _ = sf.read(wd / "data/demo/wav/cards-002.wav", dtype="int16")
     direct = compute_fbank(samples.astype(np.float32), fbank_options({"num_mel_bins": 80}, 16000))
@@ -347,7 +347,7 @@ def test_kill9_mid_ark_write_then_rerun_is_byte_identical(tmp_path):
 
 FRAMES_MODULE = '''
 from snakeshard import BaseRunner, EnvironmentProvider
-from snakeshard.data import load_dataset
+from snakeshard import load_dataset
 
 
 class FramesProvider(EnvironmentProvider):
@@ -442,7 +442,7 @@ def test_chained_stage_plans_at_parse_reruns_with_its_upstream_and_refuses_a_sta
     assert job.returncode == 1
     assert "results/fbank/demo: the merged output is stale" in job.stderr and "refusing to read it" in job.stderr
     # a frames shard job as its rule runs it: the fbank shards holding its keys are stale, refused before any item
-    from snakeshard.fingerprint import shard_inputs_text
+    from snakeshard.core.fingerprint import shard_inputs_text
 
     record = json.loads((wd / "results/frames/demo_fbank/fingerprints.json").read_text())
     entry = record["shards"][0]
@@ -503,7 +503,7 @@ def test_chained_dataset_config_errors_name_the_key(tmp_path, datasets, message)
 
 def test_vad_output_dir_is_a_kaldi_data_dir(tmp_path):
     """The shipped vad stage (silero-vad, padded batches by seconds): its merged output dir reads through
-    snakeshard.data.load_dataset (wav.scp of speech-trimmed audio, no longer than the source), its segments lie
+    snakeshard.load_dataset (wav.scp of speech-trimmed audio, no longer than the source), its segments lie
     inside each recording, and speech_prob.scp holds one probability per 512 samples (kaldiio)."""
     pytest.importorskip("silero_vad")
     wd = copy_workflow(tmp_path / "wf")
@@ -584,7 +584,7 @@ class LengthFails(BaseRunner):
 
 
 def test_an_item_length_that_raises_fails_the_shard_naming_the_key(tmp_path):
-    from snakeshard.shard import run_shard
+    from snakeshard.core.shard import run_shard
 
     with pytest.raises(ShardError, match=r"shard 0: item 'k0': its length for batching: KeyError: 'no duration for k0'"):
         run_shard(LengthFails, {"table": {"k0": {"x": 1}}}, ["k0"], tmp_path / "s", batch_seconds=5, progress=False)
@@ -596,7 +596,7 @@ def test_field_names_are_file_names_under_at_most_one_group_dir():
     letters, digits, _ . - not starting with . or -, at most one group/ dir, not split.N or a set dir's file."""
     import re
 
-    from snakeshard.writers import RESERVED_NAMES, usable_field_name
+    from snakeshard.io.writers import RESERVED_NAMES, usable_field_name
 
     rule = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)?")
     names = ["text", "hyp_1", "feats.ark", "a-b", "_x", "9", "collect_feats/feats", "g/x.y", "", ".hidden", "-x",

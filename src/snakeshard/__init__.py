@@ -4,10 +4,16 @@ Only light, stdlib-only modules are imported here: the Snakefile imports this
 package at every parse (and on SLURM, in every job).
 """
 
-from snakeshard.contract import BaseRunner, EnvironmentProvider, InferenceProvider
+import sys
+
+from snakeshard.core.contract import BaseRunner, EnvironmentProvider, InferenceProvider
 from snakeshard.errors import SnakeshardError
+from snakeshard.io.writers import Audio
+from snakeshard.moved import MovedModules
 from snakeshard.version import __version__
-from snakeshard.writers import Audio
+
+if MovedModules not in sys.meta_path:
+    sys.meta_path.append(MovedModules)  # last: it sees only names no other finder has
 
 
 def __getattr__(name: str):
@@ -16,7 +22,12 @@ def __getattr__(name: str):
         from snakeshard.resources import snakefile
 
         return snakefile
+    if name == "load_dataset":  # the datasets' readers (json, numpy on use): a provider's, not every job's
+        from snakeshard.core.data import load_dataset
+
+        return load_dataset
     raise AttributeError(f"module 'snakeshard' has no attribute {name!r}")
 
 
-__all__ = ["Audio", "BaseRunner", "EnvironmentProvider", "InferenceProvider", "SnakeshardError", "__version__", "snakefile"]
+__all__ = ["Audio", "BaseRunner", "EnvironmentProvider", "InferenceProvider", "SnakeshardError", "__version__",
+           "load_dataset", "snakefile"]

@@ -3,7 +3,7 @@ argparse (what a shard job imports: tests/test_job_overhead.py); any other comma
 
 import sys
 
-from snakeshard.job import parse_job_args, run_command
+from snakeshard.workflow.job import parse_job_args, run_command
 
 job_args = parse_job_args(sys.argv[1:])
 if job_args is None:

@@ -13,16 +13,16 @@ import os
 import sys
 from pathlib import Path
 
+from snakeshard.core.shard_files import read_spec
 from snakeshard.errors import ERROR_PREFIX, naming_stage
-from snakeshard.job import (CANARY, canary_log_head, cmd_run_shard, cmd_run_shards, import_runner, parse_job_args,
-                            run_command, shard_id, shard_range)
-from snakeshard.shard_files import read_spec
+from snakeshard.workflow.job import (CANARY, canary_log_head, cmd_run_shard, cmd_run_shards, import_runner,
+                                     parse_job_args, run_command, shard_id, shard_range)
 
 __all__ = ["build_parser", "main"]  # main: the `snakeshard` script (pyproject.toml)
 
 
 def _workflow(args):
-    from snakeshard.workflow import Workflow, load_config, validate_config
+    from snakeshard.workflow.parse import Workflow, load_config, validate_config
 
     config = load_config(args.config)
     validate_config(config)
@@ -30,8 +30,8 @@ def _workflow(args):
 
 
 def cmd_plan(args) -> int:
-    from snakeshard.plan import format_plan_table, make_plan
-    from snakeshard.workflow import load_config, run_spec, stage_sets, validate_config
+    from snakeshard.core.plan import format_plan_table, make_plan
+    from snakeshard.workflow.parse import load_config, run_spec, stage_sets, validate_config
 
     config = load_config(args.config)
     validate_config(config)
@@ -51,10 +51,10 @@ def cmd_train(args) -> int:
 
 
 def cmd_merge(args) -> int:
+    from snakeshard.core.merge import merge_set
+    from snakeshard.core.plan import shards_text
     from snakeshard.errors import MergeError
-    from snakeshard.merge import merge_set
-    from snakeshard.plan import shards_text
-    from snakeshard.workflow import read_fingerprints
+    from snakeshard.workflow.parse import read_fingerprints
 
     spec = read_spec(args.spec)
     plan = json.loads((Path(args.set_dir) / "plan.json").read_text())
@@ -73,7 +73,7 @@ def cmd_merge(args) -> int:
 
 def cmd_report(args) -> int:
     """Draw one of a runner's report files (its ``reports``) from the current merged output."""
-    from snakeshard.merge import require_current
+    from snakeshard.core.merge import require_current
 
     spec = read_spec(args.spec)
     require_current(args.set_dir, args.inputs)  # never draw a stale merge
@@ -87,7 +87,7 @@ def cmd_report(args) -> int:
 def merged_state(set_dir: Path, inputs: str) -> str:
     """yes (made from the current plan's inputs, here) / stale (from other inputs) / moved (its scp files point
     into the directory it was made in) / no."""
-    from snakeshard.merge import merged_record, moved_from
+    from snakeshard.core.merge import merged_record, moved_from
 
     record = merged_record(set_dir)
     if record is None:
@@ -107,7 +107,7 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple
     """(state, detail): done, stale (with what changed), unreadable, failed (with log tail),
     incomplete (started, no result), pending. ``expected``: the shard's entry in the current fingerprints.
     ``log`` may be a job's of several shards (``shards_per_job``): the error line naming ``shard`` counts."""
-    from snakeshard.merge import UnreadableDone, done_moved, moved_fix, read_done
+    from snakeshard.core.merge import UnreadableDone, done_moved, moved_fix, read_done
 
     try:
         done = read_done(shard_dir)
@@ -149,7 +149,7 @@ def canary_failure(stage: str, canary: dict, log: Path) -> str | None:
 
 def merged_line(merged: str, set_dir: Path, stage: str, removed: bool) -> str:
     """What status says of a set's merge (see merged_state)."""
-    from snakeshard.merge import merged_record, moved_fix
+    from snakeshard.core.merge import merged_record, moved_fix
 
     if merged == "yes":
         return "yes, current" + (" (the merged output does not need the removed shards' done files)" if removed else "")
@@ -163,8 +163,8 @@ def merged_line(merged: str, set_dir: Path, stage: str, removed: bool) -> str:
 
 
 def cmd_status(args) -> int:
-    from snakeshard.plan import shards_text
-    from snakeshard.workflow import stage_sets
+    from snakeshard.core.plan import shards_text
+    from snakeshard.workflow.parse import stage_sets
 
     wf = _workflow(args)
     counts: dict[str, int] = {}
@@ -205,9 +205,9 @@ def cmd_status(args) -> int:
 
 
 def cmd_wer(args) -> int:
-    from snakeshard.merge import require_current
-    from snakeshard.wer import word_error_rate
-    from snakeshard.workflow import read_fingerprints
+    from snakeshard.core.merge import require_current
+    from snakeshard.stages.wer import word_error_rate
+    from snakeshard.workflow.parse import read_fingerprints
 
     set_dir = Path(args.hyp).parent
     fingerprints = read_fingerprints(set_dir)
@@ -217,7 +217,7 @@ def cmd_wer(args) -> int:
     text = f"{word_error_rate(args.ref, args.hyp, normalize).summary()} hyp={args.hyp} ref={args.ref}"
     print(text)
     if args.out:
-        from snakeshard.atomic import atomic_write_text
+        from snakeshard.io.atomic import atomic_write_text
 
         atomic_write_text(args.out, text + "\n")
     return 0
@@ -232,7 +232,7 @@ def cmd_init(args) -> int:
         print(f"next: cd {args.directory} && snakemake --profile profiles/local"
               + ("" if args.data else " (its data prep downloads FSDD first, 16 MB)"))
         return 0
-    from snakeshard.project import init_project
+    from snakeshard.workflow.project import init_project
 
     written = init_project(args.directory, args.data)
     print(f"wrote {', '.join(written)} in {args.directory}")
@@ -242,7 +242,7 @@ def cmd_init(args) -> int:
 
 
 def cmd_config_reference(args) -> int:
-    from snakeshard.config_reference import render, write
+    from snakeshard.workflow.config_reference import render, write
 
     if args.output is None:
         print(render(), end="")

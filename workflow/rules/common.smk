@@ -9,10 +9,10 @@ from pathlib import Path
 if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())
 
-from snakeshard.user_source import runner_reports
-from snakeshard.workflow import (SLURM_PASSTHROUGH, Workflow, exit_on_user_error, shard_stages, stage_resources, stage_sets,
-                                 stale_lock_note, validate_config)
-from snakeshard import snakemake_patches
+from snakeshard.core.user_source import runner_reports
+from snakeshard.workflow import snakemake_patches
+from snakeshard.workflow.parse import (SLURM_PASSTHROUGH, Workflow, exit_on_user_error, shard_stages, stage_resources,
+                                       stage_sets, stale_lock_note, validate_config)
 
 # Three costs of Snakemake 9's driver: a scheduler wake-up per second per finished job, a pandas import
 # when the first job ends, which holds up the next, and every ready job's inputs stat'ed again before

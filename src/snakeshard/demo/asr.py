@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from snakeshard import BaseRunner, InferenceProvider
-from snakeshard.data import load_dataset
+from snakeshard import load_dataset
 from snakeshard.errors import ConfigError
 
 MODEL_RATE = 16000

@@ -2,7 +2,7 @@
 import numpy as np
 
 from snakeshard import BaseRunner, EnvironmentProvider
-from snakeshard.data import load_dataset
+from snakeshard import load_dataset
 
 
 class EnergyProvider(EnvironmentProvider):

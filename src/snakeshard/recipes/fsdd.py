@@ -25,8 +25,8 @@ import urllib.request
 import zlib
 from pathlib import Path
 
-from snakeshard.atomic import write_if_changed
 from snakeshard.errors import ConfigError, DataError
+from snakeshard.io.atomic import write_if_changed
 
 URL = "https://github.com/Jakobovski/free-spoken-digit-dataset/archive/refs/tags/v1.0.10.tar.gz"
 # recordings_digest() of v1.0.10's recordings/ (3,000 files; the same tree as commit 26eb9aa)

@@ -1,6 +1,6 @@
 """Checkpoints a kill -9 cannot leave half-written: ``latest.pt``, ``best.pt`` and ``history/step-<N>.pt``.
 
-Each file is written as snakeshard.atomic writes any file: to a temp file beside it, fsynced, renamed,
+Each file is written as snakeshard.io.atomic writes any file: to a temp file beside it, fsynced, renamed,
 and the directory fsynced. The history keeps the ``keep_latest_k`` newest steps. Loading ``latest.pt``
 that cannot be read (truncated, empty, not a torch file) falls back to the newest readable history file,
 with a ``CheckpointWarning`` naming both. Temp files a killed writer left are removed on load.
@@ -16,8 +16,8 @@ import re
 import warnings
 from pathlib import Path
 
-from snakeshard.atomic import atomic_write_bytes, remove_temps_in
 from snakeshard.errors import SnakeshardError
+from snakeshard.io.atomic import atomic_write_bytes, remove_temps_in
 
 _HISTORY_NAME = re.compile(r"^step-(\d+)\.pt$")
 

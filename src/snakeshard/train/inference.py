@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import functools
 
-from snakeshard.contract import BaseRunner
+from snakeshard.core.contract import BaseRunner
+from snakeshard.core.hooks import class_attribute, runner_name
 from snakeshard.errors import ContractError, DataError
-from snakeshard.hooks import class_attribute, runner_name
 
 
 def model_runner(runner_cls: type, stage: str) -> type:
@@ -60,7 +60,7 @@ def with_trained_model(env: dict, spec: dict) -> dict:
 
     import torch
 
-    from snakeshard.data import load_dataset
+    from snakeshard.core.data import load_dataset
 
     model_ref, where = spec["model"], f"stages.{spec['stage']}"
     if "model" not in env:

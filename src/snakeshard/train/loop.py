@@ -64,8 +64,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import snakeshard.train.rng as rng
+from snakeshard.core.hooks import runner_name
 from snakeshard.errors import ContractError, SnakeshardError
-from snakeshard.hooks import runner_name
 from snakeshard.train.checkpoint import CheckpointManager, CheckpointWarning, read_checkpoint
 from snakeshard.train.ranks import RankLost, World
 from snakeshard.train.runner import defines, step_kwargs

@@ -14,8 +14,8 @@ import io
 import json
 from pathlib import Path
 
-from snakeshard.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from snakeshard.errors import SnakeshardError
+from snakeshard.io.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 MODEL, METRICS, CURVE, DONE = "model.pt", "metrics.json", "curve.png", "done"  # in the order they are written
 

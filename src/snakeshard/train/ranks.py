@@ -125,7 +125,7 @@ def launch(spec: dict, args, run_dir: Path, ranks: int) -> int:
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from snakeshard.devices import job_devices
+    from snakeshard.core.devices import job_devices
 
     stage = spec["stage"]
     devices = job_devices(spec.get("gpus", 0), stage)  # refused here, before any rank starts
@@ -206,7 +206,7 @@ def run_rank(spec: dict, run_dir: Path, body) -> int:
 
     import torch.distributed as dist
 
-    from snakeshard.devices import job_devices
+    from snakeshard.core.devices import job_devices
 
     _die_with_launcher()
     rank, size, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
@@ -231,7 +231,7 @@ def run_rank(spec: dict, run_dir: Path, body) -> int:
     finally:
         status["time"] = time.time()
         try:
-            from snakeshard.atomic import atomic_write_json
+            from snakeshard.io.atomic import atomic_write_json
 
             atomic_write_json(status_path(run_dir, rank), status)
         except OSError:  # the job then names this rank as one that ended without a word

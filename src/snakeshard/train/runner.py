@@ -14,8 +14,8 @@ filled from the env by name, as ``BaseRunner.forward``'s are:
 
 from __future__ import annotations
 
-from snakeshard.contract import InferenceProvider
-from snakeshard.hooks import method_kwargs
+from snakeshard.core.contract import InferenceProvider
+from snakeshard.core.hooks import method_kwargs
 
 
 class TrainProvider(InferenceProvider):

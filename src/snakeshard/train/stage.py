@@ -17,8 +17,8 @@ import os
 import sys
 from pathlib import Path
 
+from snakeshard.core.shard_files import read_spec
 from snakeshard.errors import ConfigError, ContractError, DataError, SnakeshardError, naming_stage
-from snakeshard.shard_files import read_spec
 from snakeshard.train.outputs import DONE, MODEL
 
 LOCK = "train.lock"  # held by the one process training in this dir (see one_trainer)
@@ -74,10 +74,10 @@ def one_trainer(run_dir: Path):
 def run_training(spec: dict, run_dir: Path, *, world=None, device: str | None = None) -> int:
     """Train in this process: the whole job, or rank ``world.rank`` of a multi-rank one on ``device`` (only rank 0
     prints and writes the outputs)."""
-    from snakeshard.devices import job_devices
+    from snakeshard.core.devices import job_devices
+    from snakeshard.core.fingerprint import result_inputs
+    from snakeshard.core.user_code import import_object
     from snakeshard.train.loop import TrainingInterrupted, train
-    from snakeshard.fingerprint import result_inputs
-    from snakeshard.user_code import import_object
 
     stage, where = spec["stage"], f"stages.{spec['stage']}"
     first = world is None or world.rank == 0
@@ -123,7 +123,7 @@ def run_training(spec: dict, run_dir: Path, *, world=None, device: str | None = 
 def _check_normalize(runner_cls, spec: dict, where: str) -> None:
     """A step that takes ``normalize`` in a stage without ``stats:``: the config is what lacks it (the generic
     "needs env key" error would blame the provider, after the model was built)."""
-    from snakeshard.hooks import forward_parameters, runner_name
+    from snakeshard.core.hooks import forward_parameters, runner_name
 
     if spec["stats"]:
         return
@@ -137,7 +137,7 @@ def _check_normalize(runner_cls, spec: dict, where: str) -> None:
 
 def _split(spec: dict, split: str, where: str):
     """(dataset, keys in plan order) of the ``train`` or ``valid`` split; refused when empty or missing labels."""
-    from snakeshard.data import load_dataset
+    from snakeshard.core.data import load_dataset
 
     dataset = load_dataset(spec[split])
     keys = list(dataset)
@@ -180,8 +180,8 @@ def _build_env(spec: dict, provider_cls, devices: list[str], where: str) -> dict
 
 def global_mvn(stats: dict):
     """The stats stage's GlobalMVN, from its current merged output only (a stale one is refused)."""
-    from snakeshard.merge import require_current
-    from snakeshard.runners.global_mvn import GlobalMVN
+    from snakeshard.core.merge import require_current
+    from snakeshard.stages.global_mvn import GlobalMVN
 
     require_current(Path(stats["path"]), stats["inputs"])
     return GlobalMVN(stats["path"])
@@ -192,7 +192,7 @@ def _batches(spec: dict, dataset, keys: list[str]) -> list[list[str]] | None:
     (the loop then cuts each epoch's permutation of the keys into batch_size batches)."""
     if not (spec.get("batch_seconds") or spec.get("sort_by_length")):
         return None
-    from snakeshard.batch import plan_batches
+    from snakeshard.io.batch import plan_batches
 
     lengths = [dataset.duration(k) for k in keys]
     return [[keys[i] for i in b] for b in plan_batches(lengths, batch_size=spec.get("batch_size"),

@@ -25,7 +25,7 @@ def binary_label(key: str, value) -> int:
 def merged_pairs(set_dir: Path) -> list[tuple[str, str, str]]:
     """(key, prediction, target) in plan order, from the merged fields (both come from the same results, and
     the merge checked each holds every key once)."""
-    from snakeshard.wer import read_text_table
+    from snakeshard.stages.wer import read_text_table
 
     predictions, targets = read_text_table(set_dir / "prediction"), read_text_table(set_dir / "target")
     return [(key, prediction, targets[key]) for key, prediction in predictions.items()]

@@ -15,8 +15,8 @@ from snakeshard.pool import OrderedRunner, UnorderedRunner
 
 
 def _init(device, cfg):
-    from snakeshard.hooks import injected_kwargs
-    from snakeshard.user_code import import_object
+    from snakeshard.core.hooks import injected_kwargs
+    from snakeshard.core.user_code import import_object
 
     provider_cls = import_object(cfg.provider, "provider")
     runner_cls = import_object(cfg.runner, "runner")

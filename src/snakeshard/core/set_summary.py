@@ -58,7 +58,7 @@ def summary_html(summary: dict) -> str:
 
 
 def write_set_summary(set_dir, stage: str, dataset: str, plan: dict, dones: list[dict]) -> str:
-    from snakeshard.atomic import atomic_write_text
+    from snakeshard.io.atomic import atomic_write_text
 
     atomic_write_text(os.path.join(set_dir, SUMMARY_FILE), summary_html(set_summary(stage, dataset, plan, dones)))
     return SUMMARY_FILE

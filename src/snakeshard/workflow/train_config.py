@@ -10,7 +10,7 @@ unless it sets its own (its provider_config keys are laid over the training stag
 
 from __future__ import annotations
 
-from snakeshard.devices import requested_gpus
+from snakeshard.core.devices import requested_gpus
 from snakeshard.errors import ConfigError
 
 # The keys train() reads (loop.DEFAULTS), taken from the stage config as they are.

@@ -154,6 +154,6 @@ def _sentence(text: str) -> str:
 
 def write(path) -> bool:
     """Write the reference to ``path``; True if its content changed."""
-    from snakeshard.atomic import write_if_changed
+    from snakeshard.io.atomic import write_if_changed
 
     return write_if_changed(path, render())

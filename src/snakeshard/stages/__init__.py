@@ -6,8 +6,8 @@ collect_stats.CollectStatsRunner  ESPnet2's collect_stats: feats_stats.npz, <inp
 scoring.ScoringRunner             WER/CER, classification, regression, AUROC/EER...: metrics.json/.txt/.png
 """
 
-from snakeshard.runners.collect_stats import CollectStatsProvider, CollectStatsRunner
-from snakeshard.runners.global_mvn import GlobalMVN
-from snakeshard.runners.scoring import ScoringProvider, ScoringRunner
+from snakeshard.stages.collect_stats import CollectStatsProvider, CollectStatsRunner
+from snakeshard.stages.global_mvn import GlobalMVN
+from snakeshard.stages.scoring import ScoringProvider, ScoringRunner
 
 __all__ = ["CollectStatsProvider", "CollectStatsRunner", "GlobalMVN", "ScoringProvider", "ScoringRunner"]

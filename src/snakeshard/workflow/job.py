@@ -12,8 +12,8 @@ import contextlib
 import os
 import sys
 
+from snakeshard.core.shard_files import CANARY_SPEC, SHARD_ITEMS, read_spec
 from snakeshard.errors import ERROR_PREFIX, SnakeshardError, in_stage, naming_stage
-from snakeshard.shard_files import CANARY_SPEC, SHARD_ITEMS, read_spec
 
 CANARY = "canary"  # the --shard of a stage's canary job
 
@@ -34,9 +34,9 @@ def _run_canary(args, spec: dict) -> int:
     """A stage's canary job (see workflow/rules/canary.smk): the shard path over its few keys."""
     import shutil
 
-    from snakeshard.atomic import atomic_write_json
-    from snakeshard.shard import clear_shard_dir
-    from snakeshard.shard_files import read_shard_keys
+    from snakeshard.core.shard import clear_shard_dir
+    from snakeshard.core.shard_files import read_shard_keys
+    from snakeshard.io.atomic import atomic_write_json
 
     shard_dir = args.shard_dir
     # The log's first line names the canary's fingerprint: `snakeshard status` reads a failure from the log
@@ -67,7 +67,7 @@ def canary_log_head(stage: str, fingerprint: str) -> str:
 
 
 def _run_shard(args, spec: dict) -> int:
-    from snakeshard.fingerprint import digest, parse_shard_inputs
+    from snakeshard.core.fingerprint import digest, parse_shard_inputs
 
     label = f"shard {args.shard}" + (f" (log: {args.log})" if args.log else "")
     if args.shard_inputs is not None:  # a shard job: its fingerprint is the digest of what it was given
@@ -90,7 +90,7 @@ def read_upstream_shards(spec: dict, inputs: dict[int, dict]) -> None:
     ranges = dataset.get("upstream_shards")
     if ranges is None:  # not a chained set
         return
-    from snakeshard.merge import require_current_shards
+    from snakeshard.core.merge import require_current_shards
 
     dirs: list[str] = []
     for shard, parts in inputs.items():
@@ -104,8 +104,8 @@ def read_upstream_shards(spec: dict, inputs: dict[int, dict]) -> None:
 @contextlib.contextmanager
 def _job_env(spec: dict, label: str):
     """What a job builds once, whatever number of shards it runs: (runner class, env, pool or None)."""
-    from snakeshard.devices import job_devices
-    from snakeshard.user_code import import_object
+    from snakeshard.core.devices import job_devices
+    from snakeshard.core.user_code import import_object
 
     where = f"stages.{spec['stage']}"
     runner_cls = import_runner(spec)
@@ -125,7 +125,7 @@ def _job_env(spec: dict, label: str):
 def import_runner(spec: dict) -> type:
     """The runner class a stage's jobs call: the configured one, or for an inference stage from a training stage
     (``from_stage``), one whose forward is the trained runner's infer_step (train/inference.py)."""
-    from snakeshard.user_code import import_object
+    from snakeshard.core.user_code import import_object
 
     runner_cls = import_object(spec["runner"], f"stages.{spec['stage']}.runner")
     if spec.get("model"):
@@ -137,7 +137,7 @@ def import_runner(spec: dict) -> type:
 
 def _run_one(spec: dict, job, shard, shard_dir: str, fingerprint, inputs, log) -> dict:
     """One shard over the job's env; its summary line in the log."""
-    from snakeshard.shard import run_shard_dir
+    from snakeshard.core.shard import run_shard_dir
 
     runner_cls, env, pool = job
     done = run_shard_dir(runner_cls, env, shard_dir, shard_id=shard, fingerprint=fingerprint,
@@ -161,9 +161,9 @@ def cmd_run_shards(args) -> int:
     A shard whose ``done`` already carries the fingerprint of its current inputs is not run again:
     that is how a rerun after one failed shard redoes that shard only, though Snakemake reruns the job.
     """
-    from snakeshard.atomic import atomic_write_json
+    from snakeshard.core.fingerprint import digest, parse_shard_inputs
     from snakeshard.errors import ShardError
-    from snakeshard.fingerprint import digest, parse_shard_inputs
+    from snakeshard.io.atomic import atomic_write_json
 
     spec = read_spec(args.spec)
     first, last = args.shards
@@ -201,7 +201,7 @@ def cmd_run_shards(args) -> int:
 
 def _done_fingerprint(shard_dir: str) -> str | None:
     """The fingerprint a shard's ``done`` records; None without a readable one (the shard is then run)."""
-    from snakeshard.merge import UnreadableDone, read_done
+    from snakeshard.core.merge import UnreadableDone, read_done
 
     try:
         return (read_done(shard_dir) or {}).get("fingerprint")
@@ -231,7 +231,7 @@ def _build_env(spec: dict, provider_cls, devices: list[str], shard: str, parent:
 
 def _start_pool(spec: dict, job_devices: list[str]):
     """The stage's pool (``workers: N``: N CPU processes; ``devices: all``: one per GPU of the job)."""
-    from snakeshard.shard_pool import forward_pool
+    from snakeshard.core.shard_pool import forward_pool
 
     pooled = spec["pool"]
     devices = job_devices if pooled.get("devices") == "all" else ["cpu"] * int(pooled.get("workers") or 1)

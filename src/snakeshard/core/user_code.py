@@ -38,7 +38,7 @@ def import_object(path: str, where: str = "import path"):
 
 def _explain(path: str, where: str) -> None:
     """Raise the parse-time check's error for ``path`` (no such module, no such name), if it finds one."""
-    from snakeshard.user_source import check_import_path
+    from snakeshard.core.user_source import check_import_path
 
     check_import_path(path, where)
 

@@ -15,9 +15,9 @@ Kept compatible in spirit with ESPnet3's parallel runner:
 
 from __future__ import annotations
 
+from snakeshard.core.hooks import overrides
 from snakeshard.errors import ContractError
-from snakeshard.hooks import overrides
-from snakeshard.writers import FieldWriters
+from snakeshard.io.writers import FieldWriters
 
 # Names used only in annotations: importing them costs a shard job ~8 ms before its first item
 # (pathlib 5 ms, bench/RESULTS.md section 16; typing 3 ms). Type checkers read TYPE_CHECKING = False as typing's.
@@ -31,7 +31,7 @@ class EnvironmentProvider:
 
     ``config`` is the stage's ``provider_config`` from config.yaml, plus
     ``config["dataset"]``: the spec of the dataset being processed (pass it to
-    ``snakeshard.data.load_dataset``), and in shard jobs ``config["devices"]``:
+    ``snakeshard.load_dataset``), and in shard jobs ``config["devices"]``:
     ``["cpu"]``, or ``["cuda:0", ...]`` for the GPUs of the job's own allocation.
     """
 
@@ -121,7 +121,7 @@ class BaseRunner:
     def __call__(self, keys: list[str]):
         """Run over ``keys`` (strings; ints, as ESPnet3's ``runner(range(n))`` passes, are positions into the
         env's ``dataset``: see ``resolve_keys``)."""
-        from snakeshard.shard import run_shard
+        from snakeshard.core.shard import run_shard
 
         env = self.provider.build_env_local()
         return run_shard(type(self), env, resolve_keys(keys, env), self.output_dir, progress=self.progress,
@@ -154,7 +154,7 @@ class BaseRunner:
         dataset = env.get("dataset")
         if not hasattr(dataset, "duration"):
             raise ContractError("batch_seconds and sort_by_length need each key's length: give the env a "
-                                "'dataset' from snakeshard.data.load_dataset, or override item_length(key, **env)")
+                                "'dataset' from snakeshard.load_dataset, or override item_length(key, **env)")
         return dataset.duration(key)
 
     # -- writer hooks --
@@ -175,7 +175,7 @@ class BaseRunner:
     @classmethod
     def merge(cls, shard_dirs: list[Path], output_dir: Path) -> list[str]:
         """Combine shard outputs in ``output_dir``; default: validated concat of per-key fragments."""
-        from snakeshard.merge import merge_fragments
+        from snakeshard.core.merge import merge_fragments
 
         return merge_fragments(shard_dirs, output_dir)
 
@@ -191,7 +191,7 @@ class BaseRunner:
 
 def resolve_keys(keys, env: dict) -> list[str]:
     """The keys of an in-process call as strings. An int is a position into ``env["dataset"]`` when that is a
-    ``snakeshard.data`` dataset, whose keys keep the dataset's file order (the plan's): ``range(2)`` is
+    ``snakeshard.core.data`` dataset, whose keys keep the dataset's file order (the plan's): ``range(2)`` is
     its first two keys, as ESPnet3's int indices. Any other int is refused, naming it."""
     keys = list(keys)
     if all(isinstance(k, str) for k in keys):
@@ -208,7 +208,7 @@ def resolve_keys(keys, env: dict) -> list[str]:
         if not isinstance(order, list):
             raise ContractError(f"runner(keys): {k!r} is an int; keys are strings (list(dataset) gives a dataset's "
                                 "keys in order). An int is taken as a position only into an env 'dataset' from "
-                                "snakeshard.data.load_dataset, which keeps the dataset's order; this env has "
+                                "snakeshard.load_dataset, which keeps the dataset's order; this env has "
                                 + (f"a {type(env['dataset']).__name__} 'dataset'" if "dataset" in env else "no 'dataset'"))
         position = k.__index__()
         if not 0 <= position < len(order):

@@ -401,7 +401,7 @@ class _PerKeyFileField(_Field):
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        from snakeshard.atomic import fsync_dir
+        from snakeshard.io.atomic import fsync_dir
 
         fsync_dir(self.dir)
         super().close(order)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from snakeshard.data import read_text_lines
+from snakeshard.core.data import read_text_lines
 from snakeshard.errors import DataError
 
 

@@ -26,11 +26,11 @@ import json
 from pathlib import Path
 
 from snakeshard import BaseRunner, InferenceProvider
-from snakeshard.data import StageOutputDataset
+from snakeshard.core.data import StageOutputDataset
 from snakeshard.errors import ConfigError, DataError, MergeError
 from snakeshard.metrics import CharacterErrorRate, ConfusionMatrix, RegressionMetrics, TextNormalization, WordErrorRate
-from snakeshard.runners.scoring_fields import TEXT_METRICS, binary_label, merged_pairs
-from snakeshard.runners.scoring_report import metrics_text, plot_metrics
+from snakeshard.stages.scoring_fields import TEXT_METRICS, binary_label, merged_pairs
+from snakeshard.stages.scoring_report import metrics_text, plot_metrics
 
 ADDITIVE_METRICS = (*TEXT_METRICS, "classification", "regression")
 SCORE_METRICS = ("auroc", "auprc", "eer", "min_dcf")  # BinaryScores: need every key's score at once
@@ -91,7 +91,7 @@ class ScoringProvider(InferenceProvider):
     """The dataset (chained or not) and the ``Scoring`` its provider_config describes."""
 
     def build_env(self) -> dict:
-        from snakeshard.data import load_dataset
+        from snakeshard.core.data import load_dataset
 
         scoring = Scoring(self.config)
         return {"dataset": load_dataset(self.config["dataset"]), "scoring": scoring}
@@ -175,7 +175,7 @@ class ScoringRunner(BaseRunner):
 
     @staticmethod
     def finalize_state(state, shard_dir, *, scoring, **env) -> list[str]:
-        from snakeshard.atomic import atomic_write_text
+        from snakeshard.io.atomic import atomic_write_text
 
         record = {"scoring": scoring.describe(),
                   "metrics": {name: m.state() for name, m in state["overall"].items()},
@@ -188,8 +188,8 @@ class ScoringRunner(BaseRunner):
     def merge(cls, shard_dirs: list[Path], output_dir: Path) -> list[str]:
         """Per-key fields: the default merge. Additive metrics: the shards' states merged; score metrics:
         computed from the merged ``prediction``/``target`` fields (plan order), once."""
-        from snakeshard.atomic import atomic_write_text
-        from snakeshard.merge import merge_fragments
+        from snakeshard.core.merge import merge_fragments
+        from snakeshard.io.atomic import atomic_write_text
 
         names = merge_fragments(shard_dirs, output_dir)
         states = [json.loads((d / STATE_FILE).read_text(encoding="utf-8")) for d in shard_dirs]

@@ -13,9 +13,11 @@ import os
 import sys
 from pathlib import Path
 
+from snakeshard.core.fingerprint import digest
+from snakeshard.core.hooks import CLASS_HOOKS, ENV_HOOKS, STEP_METHODS, hook_signature
 from snakeshard.errors import ConfigError
-from snakeshard.fingerprint import digest
-from snakeshard.hooks import CLASS_HOOKS, ENV_HOOKS, STEP_METHODS, hook_signature
+from snakeshard.moved import new_path
+
 
 def check_import_path(path: str, where: str):
     """Fail early on a misspelt ``module.Class`` path without importing the (heavy) module itself.
@@ -222,7 +224,7 @@ def _locate(path: str, where: str) -> tuple[str, str, str | None]:
     """(module, attribute, module source file or None) of ``package.module.Name``; errors name ``where``.
 
     A name a package re-exports (``from .collect_stats import CollectStatsRunner`` in
-    ``snakeshard/runners/__init__.py``) is followed to the module that defines it: that module's source
+    ``snakeshard/stages/__init__.py``) is followed to the module that defines it: that module's source
     is what the checks read and the code fingerprint digests.
     """
     for _ in range(5):  # re-export hops
@@ -259,6 +261,9 @@ def _find(path: str, where: str) -> tuple[str, str, str | None]:
     module, _, attr = path.rpartition(".")
     if not module or not attr:
         raise ConfigError(f"{where}: {path!r} is not an import path like 'package.module.ClassName'")
+    moved = new_path(path)
+    if moved is not None:
+        raise ConfigError(f"{where}: {path!r} moved to {moved!r} (snakeshard's modules went into subpackages)")
     try:
         found = importlib.util.find_spec(module)
     except (ImportError, ValueError) as e:

@@ -2,7 +2,7 @@
 
 Planning needs only keys, durations and what each key stands for (its records),
 so ``read_items`` is cheap and stdlib-only. ``load_dataset`` gives providers a
-key -> item mapping with audio loading (``snakeshard.audio``, soundfile imported lazily).
+key -> item mapping with audio loading (``snakeshard.io.audio``, soundfile imported lazily).
 
 A dataset spec is a dict: ``{"path": "data/demo", "format": "kaldi"}`` or
 ``{"path": "x.jsonl", "format": "jsonl", "key_field": "id", "audio_field": "audio",
@@ -324,7 +324,7 @@ def check_audio_exists(items: list[Item]) -> None:
 
 def fill_durations(items: list[Item]) -> None:
     """Read durations from audio headers for items that have none yet (a truncated or empty file is an error)."""
-    from snakeshard.audio import audio_duration
+    from snakeshard.io.audio import audio_duration
 
     for item in items:
         if item.seconds is not None:
@@ -393,7 +393,7 @@ class KaldiDataset:
         stage's ``sample_rate``, a segment past the end of its recording (beyond the dataset's
         ``max_segment_overshoot`` seconds, which are cut off as Kaldi's extract-segments does).
         """
-        from snakeshard.audio import read_item_audio
+        from snakeshard.io.audio import read_item_audio
 
         item = self._item(key)
         if item.audio is None:
@@ -425,7 +425,7 @@ class StageOutputDataset(KaldiDataset):
     def __init__(self, spec: dict):
         from pathlib import Path
 
-        from snakeshard.merge import FIELDS_FILE, require_current
+        from snakeshard.core.merge import FIELDS_FILE, require_current
 
         super().__init__(spec)
         self.set_dir = Path(spec["path"])
@@ -433,7 +433,7 @@ class StageOutputDataset(KaldiDataset):
         # job.upstream_shard_dirs); anything else reads the merged output, which must be current.
         self.sources = spec.get("upstream_dirs")
         if self.sources:
-            from snakeshard.merge import SHARD_ONLY_META, read_done
+            from snakeshard.core.merge import SHARD_ONLY_META, read_done
 
             fields = read_done(self.sources[0])["fields"] or {}
             self.fields = {name: {k: v for k, v in meta.items() if k not in SHARD_ONLY_META}

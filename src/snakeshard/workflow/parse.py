@@ -12,19 +12,20 @@ import os
 import sys
 from pathlib import Path
 
-from snakeshard.atomic import write_if_changed
-from snakeshard.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
-from snakeshard.devices import requested_gpus
+from snakeshard.core.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
+from snakeshard.core.devices import requested_gpus
+from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, digest, inputs_digest, keys_text,
+                                         records_digest, result_inputs, shard_fingerprint, shard_inputs_text,
+                                         stage_fingerprint)
+from snakeshard.core.plan import AUTO, ensure_plan, overlapping_shards, read_audio_files, shards_per_job
+from snakeshard.core.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys, shard_job_files
+from snakeshard.core.user_source import (check_import_path, check_module_imports, check_runner_source,
+                                         provider_merge_options, runner_default_sharding, source_digest)
 from snakeshard.errors import ERROR_PREFIX, ConfigError, DataError, SnakeshardError
-from snakeshard.fingerprint import (UPSTREAM_PLAN, audio_identity, digest, inputs_digest, keys_text, records_digest,
-                                    result_inputs, shard_fingerprint, shard_inputs_text, stage_fingerprint)
-from snakeshard.plan import AUTO, ensure_plan, overlapping_shards, read_audio_files, shards_per_job
-from snakeshard.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys, shard_job_files
-from snakeshard.train_config import check_stage_kind, is_training, loop_config, model_source, training_stages
-from snakeshard.user_source import (check_import_path, check_module_imports, check_runner_source, provider_merge_options,
-                                    runner_default_sharding, source_digest)
+from snakeshard.io.atomic import write_if_changed
+from snakeshard.io.writers import check_outputs_config
 from snakeshard.version import __version__
-from snakeshard.writers import check_outputs_config
+from snakeshard.workflow.train_config import check_stage_kind, is_training, loop_config, model_source, training_stages
 
 # The canary's shard dir, beside the stage's dataset dirs (dataset names cannot start with "_").
 CANARY_DIR = "_canary"

@@ -84,7 +84,7 @@ def _run_pipe(command: str, where: str) -> bytes:
 
 def read_item_audio(item, *, dtype: str = "float32", sample_rate: int | None = None, max_overshoot: float = 0.0,
                     dataset: str | None = None):
-    """(samples, rate) of a dataset item (``snakeshard.data.Item``): a file or a pipe, cut to its segment.
+    """(samples, rate) of a dataset item (``snakeshard.core.data.Item``): a file or a pipe, cut to its segment.
     ``dataset``: the name of the item's dataset in the config (the one its ``max_segment_overshoot`` is set in)."""
     import soundfile
 

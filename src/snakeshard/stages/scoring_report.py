@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from snakeshard.metrics.text import summary_line
-from snakeshard.runners.scoring_fields import TEXT_METRICS, binary_label, merged_pairs
+from snakeshard.stages.scoring_fields import TEXT_METRICS, binary_label, merged_pairs
 
 
 def _number(x) -> str:
@@ -93,7 +93,7 @@ def plot_metrics(record: dict, set_dir: Path, path: Path) -> None:
     matplotlib.use("Agg")  # files only: no display on a cluster node
     import matplotlib.pyplot as plt
 
-    from snakeshard.atomic import atomic_write_bytes
+    from snakeshard.io.atomic import atomic_write_bytes
 
     scoring, metrics = record["scoring"], record["metrics"]
     panels = [m for m in scoring["metrics"] if m in TEXT_METRICS][:1]

@@ -19,10 +19,10 @@ import re
 import zlib
 from pathlib import Path
 
-from snakeshard.atomic import atomic_write_bytes, atomic_write_json, remove_temps_of
+from snakeshard.core.set_summary import write_set_summary
+from snakeshard.core.shard_files import read_shard_keys, shard_job_files
 from snakeshard.errors import MergeError, SnakeshardError
-from snakeshard.set_summary import write_set_summary
-from snakeshard.shard_files import read_shard_keys, shard_job_files
+from snakeshard.io.atomic import atomic_write_bytes, atomic_write_json, remove_temps_of
 
 MAX_LISTED = 5
 FIELDS_FILE = "fields.json"  # beside the merged files: per field, its format and index file
@@ -355,7 +355,7 @@ def require_current_shards(set_dir, shards: range, upstream: str) -> list[str]:
     checking their ``done`` files hold the fingerprints whose digest is ``upstream`` (that shard's fingerprint part);
     else an error saying they are missing, stale or moved. A chained shard job reads its keys' upstream output from
     these shard dirs, not from the merge (so that only the shards over changed keys rerun)."""
-    from snakeshard.fingerprint import inputs_digest
+    from snakeshard.core.fingerprint import inputs_digest
 
     dirs = [os.path.join(set_dir, f"split.{n}") for n in shards]
     dones = [read_done(d) for d in dirs]

@@ -19,7 +19,7 @@ features' own dtype (float32).
 
 Frontends (what turns a key into features):
   fbank     (default) Kaldi fbank with kaldi-native-fbank; ``provider_config`` takes Kaldi's options
-            (see runners/fbank.py; dither 0). Batch input ``speech`` (samples).
+            (see stages/fbank.py; dither 0). Batch input ``speech`` (samples).
   upstream  an upstream stage's array field (``feats_field``, default ``feats``) over a chained
             dataset (``{from_stage: fbank, dataset: train}``). Batch input ``speech`` (frames, dims),
             as ESPnet2 names extracted features.
@@ -38,7 +38,7 @@ from pathlib import Path
 
 from snakeshard import BaseRunner, InferenceProvider
 from snakeshard.errors import ConfigError, ContractError, DataError, MergeError
-from snakeshard.runners.global_mvn import GlobalMVN  # noqa: F401  (its home until global_mvn.py; users import it from here)
+from snakeshard.stages.global_mvn import GlobalMVN  # noqa: F401  (its home until global_mvn.py; users import it from here)
 
 COLLECTED = "collect_feats"  # ESPnet2's dir of collected features
 BATCH_KEYS, STATS_KEYS = "batch_keys", "stats_keys"
@@ -54,7 +54,7 @@ class FbankFrontend:
         self.options = options
 
     def __call__(self, keys, dataset) -> list[tuple[dict, dict]]:
-        from snakeshard.runners.fbank import fbank_of
+        from snakeshard.stages.fbank import fbank_of
 
         return [_speech_and_feats(samples.shape, feats)
                 for samples, feats in (fbank_of(dataset, key, self.options) for key in keys)]
@@ -123,7 +123,7 @@ def common_collate_fn(items, float_pad_value=0.0, int_pad_value=-32768):
     import numpy as np
     import torch
 
-    from snakeshard.batch import collate
+    from snakeshard.io.batch import collate
 
     keys = [key for key, _ in items]
     names = list(items[0][1])
@@ -149,8 +149,8 @@ class CollectStatsProvider(InferenceProvider):
     """
 
     def build_env(self) -> dict:
-        from snakeshard.data import STAGE_FORMAT, load_dataset
-        from snakeshard.runners.fbank import fbank_options
+        from snakeshard.core.data import STAGE_FORMAT, load_dataset
+        from snakeshard.stages.fbank import fbank_options
 
         options = {k: v for k, v in self.config.items() if k not in ("dataset", "devices")}
         frontend = options.pop("frontend", "fbank")
@@ -217,7 +217,7 @@ class CollectStatsRunner(BaseRunner):
                 raise DataError(f"item {key!r}: feature {name!r} {_first_nonfinite(seq)}: refusing to add it to the "
                                 "statistics (its mean and variance would be NaN)")
             if name not in stats:
-                from snakeshard.exact_sum import ExactSum  # numpy's: not imported by jobs that make no sums
+                from snakeshard.stages.exact_sum import ExactSum  # numpy's: not imported by jobs that make no sums
 
                 stats[name] = [0, ExactSum(total.shape), ExactSum(total.shape)]
             elif stats[name][1].shape != total.shape:
@@ -241,7 +241,7 @@ class CollectStatsRunner(BaseRunner):
 
     @staticmethod
     def finalize_state(state, shard_dir, **env) -> list[str]:
-        from snakeshard.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+        from snakeshard.io.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 
         names, exact = [], {}
         for name, (count, total, square) in state["stats"].items():
@@ -257,8 +257,8 @@ class CollectStatsRunner(BaseRunner):
     def merge(cls, shard_dirs: list[Path], output_dir: Path) -> list[str]:
         """Shape files and collected features: the default merge (plan order, checked). Statistics: the shards'
         exact sums added and rounded once; every shard must have the same batch and stats keys."""
-        from snakeshard.atomic import atomic_write_bytes, atomic_write_text
-        from snakeshard.merge import merge_fragments
+        from snakeshard.core.merge import merge_fragments
+        from snakeshard.io.atomic import atomic_write_bytes, atomic_write_text
 
         names = merge_fragments(shard_dirs, output_dir)
         keys = {}
@@ -269,7 +269,7 @@ class CollectStatsRunner(BaseRunner):
                     raise MergeError(f"{shard_dir}/{what} differs from {shard_dirs[0]}/{what}: all shards must "
                                      "see the same batch inputs and features")
             keys[what] = first.split()
-        from snakeshard.exact_sum import ExactSum
+        from snakeshard.stages.exact_sum import ExactSum
 
         parts = [json.loads((shard_dir / EXACT_SUMS).read_text()) for shard_dir in shard_dirs]
         for name in keys[STATS_KEYS]:

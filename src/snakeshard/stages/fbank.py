@@ -15,7 +15,7 @@ plus ``global_mvn: true`` (see FbankProvider).
 from __future__ import annotations
 
 from snakeshard import BaseRunner, EnvironmentProvider
-from snakeshard.data import load_dataset
+from snakeshard.core.data import load_dataset
 from snakeshard.errors import ConfigError, DataError
 
 DEFAULTS = {"num_mel_bins": 80, "frame_length": 25.0, "frame_shift": 10.0, "dither": 0.0, "snip_edges": True,
@@ -101,7 +101,7 @@ class FbankProvider(EnvironmentProvider):
 
 
 def _global_mvn(dataset, dims: int):
-    from snakeshard.runners.global_mvn import GlobalMVN
+    from snakeshard.stages.global_mvn import GlobalMVN
 
     stats = getattr(dataset, "set_dir", None)
     if stats is None or not (stats / "feats_stats.npz").exists():

@@ -20,9 +20,9 @@ speech_pad_ms 30 (silero-vad's own defaults), plus ``threads`` (torch threads pe
 from __future__ import annotations
 
 from snakeshard import BaseRunner, InferenceProvider
-from snakeshard.data import load_dataset
+from snakeshard.core.data import load_dataset
 from snakeshard.errors import ConfigError
-from snakeshard.writers import Audio
+from snakeshard.io.writers import Audio
 
 RATE = 16000
 FRAME = 512  # samples per model step at 16 kHz
@@ -53,7 +53,7 @@ def speech_probabilities(model, waveforms: list, device: str = "cpu") -> list:
     """Per waveform (1-D float32 numpy), its per-frame speech probabilities, from one padded batch."""
     import torch
 
-    from snakeshard.batch import collate, unbatch
+    from snakeshard.io.batch import collate, unbatch
 
     batch = collate([torch.from_numpy(w) for w in waveforms])
     with torch.no_grad():

@@ -16,15 +16,15 @@ import os
 import sys
 import time
 
-from snakeshard.atomic import atomic_write_json
+from snakeshard.core.fingerprint import digest_bytes
+from snakeshard.core.fingerprint import keys_digest as digest_keys
+from snakeshard.core.hooks import check_hook_env, injected_kwargs, overrides, runner_name
+from snakeshard.core.progress import ProgressLog
+from snakeshard.core.shard_files import KEYS_FILE, SHARD_ITEMS, read_keys_file
 from snakeshard.errors import ContractError, ShardError, SnakeshardError
-from snakeshard.fingerprint import digest_bytes
-from snakeshard.fingerprint import keys_digest as digest_keys
-from snakeshard.hooks import check_hook_env, injected_kwargs, overrides, runner_name
-from snakeshard.progress import ProgressLog
-from snakeshard.shard_files import KEYS_FILE, SHARD_ITEMS, read_keys_file
+from snakeshard.io.atomic import atomic_write_json
+from snakeshard.io.writers import FieldWriters
 from snakeshard.version import __version__
-from snakeshard.writers import FieldWriters
 
 ATTEMPT_FILE = ".attempt"
 MAX_LISTED = 5
@@ -121,7 +121,7 @@ def _plan_batches(runner_cls, env, keys, batch_size, batch_seconds, sort_by_leng
     Prints how much of the batched length is padding, the figure that says whether sorting pays."""
     if not (batch_size or batch_seconds):
         return None
-    from snakeshard.batch import padding_ratio, plan_batches
+    from snakeshard.io.batch import padding_ratio, plan_batches
 
     if batch_seconds or sort_by_length:
         lengths = _lengths(runner_cls, env, keys, where, "for batching")
