@@ -64,7 +64,8 @@ def test_an_old_flat_import_path_fails_naming_its_new_one():
     assert python_error("import snakeshard.runners.fbank") == (
         "ModuleNotFoundError: No module named 'snakeshard.runners': it moved to 'snakeshard.stages'")
     assert python_error("from snakeshard.data import load_dataset") == (
-        "ModuleNotFoundError: No module named 'snakeshard.data': it moved to 'snakeshard.core.data'")
+        "ModuleNotFoundError: No module named 'snakeshard.data': it moved to 'snakeshard.core.data' "
+        "(a provider's load_dataset: from snakeshard import load_dataset)")
     assert python_error("import snakeshard.nonesuch") == "ModuleNotFoundError: No module named 'snakeshard.nonesuch'"
     public = subprocess.run([sys.executable, "-c", "from snakeshard import load_dataset, BaseRunner; "
                              "from snakeshard.stages import ScoringRunner; print(load_dataset.__module__)"],

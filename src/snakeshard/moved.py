@@ -13,9 +13,11 @@ MOVED = {
     "shard_pool": "core.shard_pool", "user_code": "core.user_code", "user_source": "core.user_source",
     "runners": "stages", "exact_sum": "stages.exact_sum", "wer": "stages.wer",
     "config_reference": "workflow.config_reference", "job": "workflow.job", "project": "workflow.project",
-    "snakemake_patches": "workflow.snakemake_patches",
-    "train_config": "workflow.train_config",
+    "snakemake_patches": "workflow.snakemake_patches", "train_config": "workflow.train_config",
 }
+
+# What a user's code imported from a moved module that the public API now gives.
+PUBLIC_NAMES = {"snakeshard.core.data": " (a provider's load_dataset: from snakeshard import load_dataset)"}
 
 
 def new_path(name: str) -> str | None:
@@ -34,6 +36,6 @@ class MovedModules:
     def find_spec(fullname, path=None, target=None):
         new = new_path(fullname)
         if new is not None:
-            raise ModuleNotFoundError(f"No module named {fullname!r}: it moved to {new!r}",
-                                      name=fullname)
+            public = PUBLIC_NAMES.get(new, "")
+            raise ModuleNotFoundError(f"No module named {fullname!r}: it moved to {new!r}{public}", name=fullname)
         return None
