@@ -47,7 +47,7 @@ class UpperRunner(BaseRunner):
 '''
 
 
-# The suite runs on parallel workers (pytest-xdist: `-n logical --dist loadscope` in pyproject.toml): a worker takes
+# The suite runs on parallel workers (pytest-xdist, `--dist loadscope` in pyproject.toml's addopts): a worker takes
 # a whole module at a time, so a module-scoped fixture runs once, and the SLURM tests (all in test_slurm.py) never
 # queue on the one-node cluster beside each other.
 def pytest_collection_modifyitems(config, items):

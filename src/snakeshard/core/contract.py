@@ -191,7 +191,7 @@ class BaseRunner:
 
 def resolve_keys(keys, env: dict) -> list[str]:
     """The keys of an in-process call as strings. An int is a position into ``env["dataset"]`` when that is a
-    ``snakeshard.core.data`` dataset, whose keys keep the dataset's file order (the plan's): ``range(2)`` is
+    ``snakeshard.load_dataset`` dataset, whose keys keep the dataset's file order (the plan's): ``range(2)`` is
     its first two keys, as ESPnet3's int indices. Any other int is refused, naming it."""
     keys = list(keys)
     if all(isinstance(k, str) for k in keys):

@@ -31,8 +31,7 @@ from snakeshard.core.data import (Item, check_audio_exists, fill_durations, is_p
 from snakeshard.core.fingerprint import digest, keys_digest, keys_text
 from snakeshard.core.shard_files import KEYS_FILE, SHARD_ITEMS
 from snakeshard.errors import ConfigError
-from snakeshard.io.atomic import (atomic_write_json, atomic_write_text,
-                                  write_if_changed)
+from snakeshard.io.atomic import atomic_write_json, atomic_write_text, write_if_changed
 
 # 2: per-shard record digests and audio_files.json; 3: split.N/items.json; 4: its items and fields apart
 PLAN_FORMAT = 4
