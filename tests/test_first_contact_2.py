@@ -142,7 +142,8 @@ def test_int_indices_are_positions_into_the_dataset_in_plan_order():
 
     from snakeshard.core.plan import make_plan
 
-    _, shard_keys, _ = make_plan({"name": "demo", **DEMO}, {"num_shards": 3})
+    shard_keys = []
+    make_plan({"name": "demo", **DEMO}, {"num_shards": 3}, on_shard=lambda n, rows: shard_keys.append(rows.keys))
     assert len(shard_keys) == 3 and [k for keys in shard_keys for k in keys] == DEMO_KEYS
 
 

@@ -12,7 +12,8 @@ import pytest
 
 from snakeshard.core.data import Item
 from snakeshard.core.fingerprint import keys_digest
-from snakeshard.core.plan import ensure_plan, make_plan, plan_shards, split_by_budget, split_contiguous
+from snakeshard.core.manifest import ItemsManifest
+from snakeshard.core.plan import ensure_plan, make_plan, shard_counts, split_by_budget, split_contiguous
 from snakeshard.core.shard_files import read_shard_keys
 from snakeshard.errors import ConfigError, DataError
 
@@ -42,6 +43,22 @@ def kaldi_dir(path: Path, keys: list[str], durations: list[float] | None = None)
 
 def items(costs: list[float | None]) -> list[Item]:
     return [Item(f"k{i:03d}", f"test:{i + 1}", seconds=c) for i, c in enumerate(costs)]
+
+
+def plan_shards(its: list[Item], sharding: dict) -> list[list[Item]]:
+    """The planner's cut of hand-made items, as lists of them."""
+    shards, start = [], 0
+    for count in shard_counts(ItemsManifest(its), sharding):
+        shards.append(its[start:start + count])
+        start += count
+    return shards
+
+
+def planned(spec: dict, sharding: dict) -> tuple[dict, list[list[str]]]:
+    """make_plan's plan and each shard's keys."""
+    keys = []
+    plan = make_plan(spec, sharding, on_shard=lambda n, rows: keys.append(rows.keys))
+    return plan, keys
 
 
 # -- split_contiguous ---------------------------------------------------------------------------
@@ -140,7 +157,7 @@ def test_shard_seconds_budget_and_long_item_stands_alone():
 def test_shard_seconds_reads_durations_from_audio_headers(tmp_path):
     """Plans a Kaldi dir without utt2dur by shard_seconds: durations come from the wav headers (1.095 s each)."""
     spec = kaldi_dir(tmp_path / "data", [f"u{i}" for i in range(5)])
-    plan, keys, _ = make_plan(spec, {"shard_seconds": 2.5})
+    plan, keys = planned(spec, {"shard_seconds": 2.5})
     assert keys == [["u0", "u1"], ["u2", "u3"], ["u4"]]
     assert [s["seconds"] for s in plan["shards"]] == [2.191, 2.191, 1.095]
 
@@ -161,9 +178,9 @@ def test_make_plan_is_deterministic(tmp_path):
     durs = [1.0 + (i * 7 % 11) for i in range(37)]
     a = kaldi_dir(tmp_path / "a", keys, durs)
     b = kaldi_dir(tmp_path / "b", keys, durs)
-    plan1, keys1, _ = make_plan(a, {"num_shards": 6})
-    plan2, keys2, _ = make_plan(a, {"num_shards": 6})
-    plan3, keys3, _ = make_plan(b, {"num_shards": 6})
+    plan1, keys1 = planned(a, {"num_shards": 6})
+    plan2, keys2 = planned(a, {"num_shards": 6})
+    plan3, keys3 = planned(b, {"num_shards": 6})
     assert keys1 == keys2 == keys3
     assert plan1["shards"] == plan2["shards"] == plan3["shards"]
     assert plan1 == plan2
@@ -186,7 +203,7 @@ def test_jsonl_dataset_with_key_field_and_durations(tmp_path):
     path = tmp_path / "set.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records) + "\n")  # a trailing blank line is allowed
     spec = {"path": str(path), "format": "jsonl", "key_field": "id", "duration_field": "dur"}
-    plan, keys, _ = make_plan(spec, {"num_shards": 2})
+    plan, keys = planned(spec, {"num_shards": 2})
     assert keys == [["rec-0"], [f"rec-{i}" for i in range(1, 9)]]
     assert plan["num_items"] == 9 and plan["total_seconds"] == 16
     assert [(s["items"], s["seconds"]) for s in plan["shards"]] == [(1, 8), (8, 8)]
@@ -331,10 +348,10 @@ def test_jsonl_record_change_changes_only_its_shards_records_digest(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "a.wav").write_bytes(b"")
     spec = {"path": str(path), "format": "jsonl"}
-    before, _, _ = make_plan(spec, {"shard_size": 2})
+    before, _ = planned(spec, {"shard_size": 2})
     rows[3]["lang"] = "de"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    after, _, _ = make_plan(spec, {"shard_size": 2})
+    after, _ = planned(spec, {"shard_size": 2})
     assert [s["keys_digest"] for s in before["shards"]] == [s["keys_digest"] for s in after["shards"]]
     changed = [n for n, (a, b) in enumerate(zip(before["shards"], after["shards"])) if a["records"] != b["records"]]
     assert changed == [1]

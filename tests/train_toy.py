@@ -93,7 +93,11 @@ def main(argv):
                                  "resumed_from": str(result.resumed_from) if result.resumed_from else None,
                                  "weights": weights}) + "\n")  # one write: ranks share the stdout
     if "RANK" in os.environ:
-        dist.destroy_process_group()  # gloo's threads abort the exit otherwise
+        # both ranks past their last collective before either leaves: a rank that tore gloo down while its
+        # peer still used the pair aborted once in a full parallel suite ("terminate called without an
+        # active exception"); then destroy, as gloo's threads abort the exit otherwise
+        dist.barrier()
+        dist.destroy_process_group()
     return 0
 
 

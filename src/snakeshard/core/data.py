@@ -79,14 +79,19 @@ def read_text_lines(path: Path) -> list[str]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        line_no = raw.count(b"\n", 0, e.start) + 1
-        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-        raise DataError(f"{path}:{line_no}: not UTF-8 (byte {raw[e.start:e.start + 1]!r} at column {column}); "
-                        "convert the file, e.g. iconv -f latin1 -t utf-8") from None
+        raise utf8_error(path, raw, e) from None
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
     return lines
+
+
+def utf8_error(path, raw: bytes, e: UnicodeDecodeError, first_line: int = 1) -> DataError:
+    """The error for ``raw`` (the bytes of ``path`` from line ``first_line`` on) failing to decode as UTF-8."""
+    line_no = first_line + raw.count(b"\n", 0, e.start)
+    column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+    return DataError(f"{path}:{line_no}: not UTF-8 (byte {raw[e.start:e.start + 1]!r} at column {column}); "
+                     "convert the file, e.g. iconv -f latin1 -t utf-8")
 
 
 def _stream_lines(path: Path):
@@ -235,19 +240,8 @@ def _parse_all(lines: list[str]) -> list | None:
 STAGE_FORMAT = "stage"  # a chained dataset: another stage's merged output
 
 
-def shard_items_text(items: list[Item]) -> str:
-    """A shard's slice of its dataset: ``{"items": [[key, source, audio, seconds], ...], "fields": [...]}``.
-    A JSON Lines item's fields are its record, spliced in as written (no re-encoding: half the cost of
-    the slices of 100,000 records); other fields are encoded in one call."""
-    encoder = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":"))
-    head = encoder.encode([[i.key, i.source, i.audio, i.seconds] for i in items])
-    written = [i.records.get(JSONL_RECORD) if i.records else None for i in items]
-    fields = "[" + ",".join(written) + "]" if all(written) else encoder.encode([i.fields for i in items])
-    return f'{{"items":{head},"fields":{fields}}}\n'
-
-
 def read_shard_items(paths: str | os.PathLike | list) -> list[Item]:
-    """The items ``shard_items_text`` wrote (already validated by the plan), of one slice or of several
+    """The items of a shard's slice (``manifest.Rows.slice_text``, validated by the plan), of one slice or of several
     (a job running several shards: see ``shards_per_job``), in the order given."""
     items = []
     for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
@@ -285,17 +279,24 @@ def read_items(spec: dict, with_records: bool = True) -> list[Item]:
     else:
         raise DataError(f"dataset {path}: unknown format {fmt!r} (use 'kaldi' or 'jsonl')")
     if not items:
-        where = f"datasets.{spec['name']}: " if spec.get("name") else ""
-        listing = path / "wav.scp" if fmt == "kaldi" else path
-        raise DataError(f"{where}dataset {path} has no items: {listing} lists no key")
+        raise empty_dataset_error(spec, path, path / "wav.scp" if fmt == "kaldi" else path)
     validate_keys(items, str(path))
     return items
 
 
+def empty_dataset_error(spec: dict, path, listing) -> DataError:
+    where = f"datasets.{spec['name']}: " if spec.get("name") else ""
+    return DataError(f"{where}dataset {path} has no items: {listing} lists no key")
+
+
+def bad_key(key: str) -> bool:
+    """Empty, holding whitespace (one C call), or a control character (NUL, ESC, DEL: a file name or a
+    terminal mangles them; isprintable() first, a C call that passes ASCII keys)."""
+    return key.split() != [key] or not key.isprintable() and _has_control(key)
+
+
 def validate_keys(items: list[Item], name: str) -> None:
-    # empty, holding whitespace (one C call per key), or a control character (NUL, ESC, DEL: a file name or a
-    # terminal mangles them; isprintable() first, a C call that passes ASCII keys)
-    bad = [i for i in items if i.key.split() != [i.key] or not i.key.isprintable() and _has_control(i.key)]
+    bad = [i for i in items if bad_key(i.key)]
     if bad:
         listed = ", ".join(f"{i.key!r} ({i.source})" for i in bad[:MAX_LISTED])
         raise DataError(f"{len(bad)} key(s) are empty or contain whitespace or control characters: {listed}")
@@ -307,7 +308,11 @@ def validate_keys(items: list[Item], name: str) -> None:
         else:
             first_seen[item.key] = item.source
     if dupes:
-        raise DataError(f"{len(dupes)} duplicate key(s): " + ", ".join(dupes[:MAX_LISTED]))
+        raise duplicate_keys_error(dupes)
+
+
+def duplicate_keys_error(dupes: list[str]) -> DataError:
+    return DataError(f"{len(dupes)} duplicate key(s): " + ", ".join(dupes[:MAX_LISTED]))
 
 
 def _has_control(key: str) -> bool:

@@ -22,13 +22,16 @@ start-up do not grow with the dataset (a 1M-key dataset is read once, here, not 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+from array import array
+from contextlib import contextmanager
 from pathlib import Path
 
-from snakeshard.core.data import (Item, check_audio_exists, fill_durations, is_pipe, read_items, shard_items_text,
-                                  source_spec)
+from snakeshard.core.data import source_spec
 from snakeshard.core.fingerprint import digest, keys_digest, keys_text
+from snakeshard.core.manifest import scan_manifest
 from snakeshard.core.shard_files import KEYS_FILE, SHARD_ITEMS
 from snakeshard.errors import ConfigError
 from snakeshard.io.atomic import atomic_write_json, atomic_write_text, write_if_changed
@@ -81,28 +84,27 @@ def split_by_budget(costs: list[float], budget: float) -> list[int]:
     return starts
 
 
-def plan_shards(items: list[Item], sharding: dict) -> list[list[Item]]:
-    """Group ``items`` into shards according to exactly one of num_shards / shard_size / shard_seconds."""
+def shard_counts(manifest, sharding: dict) -> list[int]:
+    """How many consecutive items of ``manifest`` each shard takes, by exactly one of num_shards / shard_size /
+    shard_seconds."""
     given = [k for k in ("num_shards", "shard_size", "shard_seconds") if sharding.get(k) is not None]
     if len(given) != 1:
         raise ConfigError(f"sharding must set exactly one of num_shards, shard_size, shard_seconds; got {given or 'none'}")
     mode = given[0]
+    n = manifest.num_items
     if mode == "shard_size":
-        size = int(sharding["shard_size"])
-        starts = list(range(0, len(items), size))
+        starts = list(range(0, n, int(sharding["shard_size"])))
     elif mode == "shard_seconds":
-        fill_durations(items)
-        starts = split_by_budget([i.seconds for i in items], float(sharding["shard_seconds"]))
+        manifest.fill_durations()
+        starts = split_by_budget(manifest.seconds, float(sharding["shard_seconds"]))
     else:
         # Some durations known, some not: read the missing ones from the audio headers rather than
         # silently cutting the whole plan by item counts (which moves every shard boundary).
-        if any(i.seconds is not None for i in items):
-            fill_durations(items)
-        known = all(i.seconds is not None for i in items)
-        costs = [i.seconds if known else 1.0 for i in items]
+        if manifest.missing < n:
+            manifest.fill_durations()
+        costs = manifest.seconds if not manifest.missing else array("d", [1.0]) * n
         starts = split_contiguous(costs, int(sharding["num_shards"]))
-    ends = starts[1:] + [len(items)]
-    return [items[a:b] for a, b in zip(starts, ends)]
+    return [b - a for a, b in zip(starts, starts[1:] + [n])]
 
 
 def input_signature(dataset: dict, sharding: dict) -> str:
@@ -120,51 +122,51 @@ def input_signature(dataset: dict, sharding: dict) -> str:
     return digest(payload)
 
 
-def records_digests(shard: list[Item]) -> dict[str, str]:
-    """Per source file (wav.scp, segments, text, utt2spk, jsonl), a digest of the shard's keys' lines in it."""
-    lines: dict[str, list[str]] = {}
-    for item in shard:
-        for name, value in item.records.items():
-            lines.setdefault(name, []).append(f"{item.key}\t{value}\n")
-    return {name: digest("".join(text)) for name, text in sorted(lines.items())}
+def make_plan(dataset: dict, sharding: dict, on_shard=None) -> dict:
+    """Read and validate the dataset, plan its shards: the plan record. ``on_shard(n, rows)`` is called with
+    each shard's ``manifest.Rows`` as it is planned (``ensure_plan`` writes its files); one shard's rows at a
+    time are in memory."""
+    with _collector_paused():
+        manifest = scan_manifest(dataset)
+        counts = shard_counts(manifest, sharding)
+        known = not manifest.missing
+        records = []
+        for n, rows in enumerate(manifest.shards(counts)):
+            keys = rows.keys
+            records.append({
+                "shard": n,
+                "items": len(keys),
+                "seconds": rows.total_seconds() if known else None,
+                "keys_digest": keys_digest(keys),
+                "records": rows.records_digests(),
+                "first_key": keys[0],
+                "last_key": keys[-1],
+            })
+            if on_shard is not None:
+                on_shard(n, rows)
+        return {
+            "format": PLAN_FORMAT,
+            "dataset": dataset,
+            "sharding": sharding,
+            "signature": input_signature(dataset, sharding),
+            "num_items": manifest.num_items,
+            "total_seconds": round(sum(manifest.seconds), 3) if known else None,
+            "num_shards": len(counts),
+            "shards": records,
+        }
 
 
-def audio_files(shard: list[Item]) -> list[str]:
-    """The plain audio files a shard reads, each once, in order (pipes are covered by their command text)."""
-    return list(dict.fromkeys(i.audio for i in shard if i.audio and not is_pipe(i.audio)))
-
-
-def make_plan(dataset: dict, sharding: dict) -> tuple[dict, list[list[str]], list[list[Item]]]:
-    """Read and validate the dataset, plan its shards: (plan record, keys of each shard, items of each)."""
-    items = read_items(dataset)
-    check_audio_exists(items)
-    shards = plan_shards(items, sharding)
-    known = all(i.seconds is not None for i in items)
-    records = []
-    shard_keys = []
-    for n, shard in enumerate(shards):
-        keys = [i.key for i in shard]
-        shard_keys.append(keys)
-        records.append({
-            "shard": n,
-            "items": len(keys),
-            "seconds": round(sum(i.seconds for i in shard), 3) if known else None,
-            "keys_digest": keys_digest(keys),
-            "records": records_digests(shard),
-            "first_key": keys[0],
-            "last_key": keys[-1],
-        })
-    plan = {
-        "format": PLAN_FORMAT,
-        "dataset": dataset,
-        "sharding": sharding,
-        "signature": input_signature(dataset, sharding),
-        "num_items": len(items),
-        "total_seconds": round(sum(i.seconds for i in items), 3) if known else None,
-        "num_shards": len(shards),
-        "shards": records,
-    }
-    return plan, shard_keys, shards
+@contextmanager
+def _collector_paused():
+    """Planning makes millions of short-lived objects and no cycles; the cyclic collector's passes over them
+    took most of a cold plan's time at 1,000,000 keys (bench/RESULTS.md section 21)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> dict:
@@ -185,12 +187,15 @@ def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> di
             return plan
     except (FileNotFoundError, json.JSONDecodeError, KeyError):
         pass
-    plan, shard_keys, shards = make_plan(dataset, sharding)
-    set_dir.mkdir(parents=True, exist_ok=True)
-    for n, (keys, items) in enumerate(zip(shard_keys, shards)):
-        write_if_changed(set_dir / f"split.{n}" / KEYS_FILE, keys_text(keys))  # a rule input: its mtime matters
-        atomic_write_text(set_dir / f"split.{n}" / SHARD_ITEMS, shard_items_text(items), fsync=False)
-    atomic_write_json(set_dir / AUDIO_FILES, [audio_files(shard) for shard in shards], fsync=False)
+    audio = []
+
+    def write_shard(n, rows):  # called once the dataset is read and validated: a bad one leaves nothing here
+        write_if_changed(set_dir / f"split.{n}" / KEYS_FILE, keys_text(rows.keys))  # a rule input: its mtime matters
+        atomic_write_text(set_dir / f"split.{n}" / SHARD_ITEMS, rows.slice_text(), fsync=False)
+        audio.append(rows.audio_files())
+
+    plan = make_plan(dataset, sharding, on_shard=write_shard)
+    atomic_write_json(set_dir / AUDIO_FILES, audio, fsync=False)
     atomic_write_json(plan_path, plan)  # last: a plan.json on disk means its other files are written
     return plan
 

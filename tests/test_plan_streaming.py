@@ -1,0 +1,177 @@
+"""The streaming planner (core/manifest.py) writes exactly what the planner that read whole datasets wrote
+(tests/reference_plan.py, the code of d07dd60): plan.json, split.N/keys, split.N/items.json and
+audio_files.json, byte for byte, on the shipped datasets and on JSON Lines manifests cut into many blocks;
+and a bad manifest fails with the same message, naming the same file and line."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from reference_plan import reference_files, written_files
+from snakeshard.core import manifest
+from snakeshard.core.plan import ensure_plan
+from snakeshard.errors import DataError
+
+PROJECT = Path(__file__).resolve().parents[1]
+DEMO = PROJECT / "data/demo"
+WAVS = sorted(str(p) for p in (DEMO / "wav").glob("*.wav"))
+SHARDINGS = [{"num_shards": 1}, {"num_shards": 3}, {"num_shards": 7}, {"shard_size": 4}, {"shard_seconds": 6}]
+
+
+def same_as_reference(tmp_path: Path, dataset: dict, sharding: dict) -> None:
+    set_dir = tmp_path / f"set-{len(list(tmp_path.iterdir()))}"
+    ensure_plan(set_dir, dataset, sharding)
+    expected = reference_files(dataset, sharding)
+    written = written_files(set_dir)
+    assert sorted(written) == sorted(expected)
+    for name in expected:
+        assert written[name] == expected[name], name
+
+
+@pytest.mark.parametrize("sharding", SHARDINGS)
+def test_shipped_kaldi_datasets_plan_as_before(tmp_path, sharding):
+    for path in [DEMO, PROJECT / "data/demo_split/train", PROJECT / "data/demo_split/valid"]:
+        same_as_reference(tmp_path, {"path": str(path), "format": "kaldi", "name": path.name}, sharding)
+
+
+def varied_manifest(path: Path, n: int, seed: int = 0) -> dict:
+    """n records as users write them: blank and CRLF lines, non-ASCII keys and text, int, float, string and
+    missing durations (a missing one has audio to read it from), extra fields, keys of many lengths."""
+    rng = random.Random(seed)
+    lines = []
+    for i in range(n):
+        record = {"id": f"spk{i % 7}-utt{i:05d}" + ("-ü" if i % 11 == 0 else "") + ('"\\' if i % 17 == 0 else ""),
+                  "audio": WAVS[i % len(WAVS)],
+                  "text": "höre " * rng.randrange(0, 30), "lang": rng.choice(["de", "en", None])}
+        choice = i % 5
+        if choice == 0:
+            record["dur"] = rng.randrange(1, 9)  # int seconds
+        elif choice == 1:
+            record["dur"] = str(round(rng.uniform(0.5, 9), 2))  # a number as a string: read as one
+        elif choice != 4:
+            record["dur"] = round(rng.uniform(0.5, 9), 3)
+        lines.append(json.dumps(record, ensure_ascii=i % 2 == 0))
+        if i % 13 == 0:
+            lines.append("   ")  # blank: skipped, but counted in line numbers
+    text = "\n".join(lines).replace("\n", "\r\n", 3) + "\n\n"
+    path.write_text(text, encoding="utf-8")
+    return {"path": str(path), "format": "jsonl", "key_field": "id", "duration_field": "dur", "name": "varied"}
+
+
+@pytest.mark.parametrize("block_bytes", [manifest.BLOCK_BYTES, 4096, 200])
+def test_jsonl_manifests_plan_as_before_in_any_blocks(tmp_path, monkeypatch, block_bytes):
+    """Blocks of 1 MB (one), 4 KB (tens), 200 bytes (a line often longer than a block)."""
+    monkeypatch.setattr(manifest, "BLOCK_BYTES", block_bytes)
+    odd = tmp_path / 'a "quoted" {braced} dir'  # the file's path is in every item's source: escaped as JSON
+    odd.mkdir()
+    spec = varied_manifest(odd / "varied.jsonl", 600)
+    for sharding in SHARDINGS:
+        same_as_reference(tmp_path, spec, sharding)
+    # every duration given, none given, and no audio at all
+    full = tmp_path / "full.jsonl"
+    full.write_text("".join(json.dumps({"key": f"k{i}", "duration": 0.25 + i % 9}) + "\n" for i in range(500)))
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text("".join(json.dumps({"key": f"k{i}", "audio": WAVS[i % 10]}) + "\n" for i in range(50)))
+    for spec in [{"path": str(full), "format": "jsonl"}, {"path": str(bare), "format": "jsonl"}]:
+        for sharding in SHARDINGS[:4] + ([SHARDINGS[4]] if spec["path"] == str(bare) else []):
+            same_as_reference(tmp_path, spec, sharding)
+
+
+def test_keys_whose_hashes_collide_are_told_apart(tmp_path, monkeypatch):
+    """Duplicates are found among 64-bit hashes of the keys; keys that share a hash (forced here: the hash is
+    the key's length) are compared as keys: distinct ones plan as before, real duplicates fail as before."""
+    monkeypatch.setattr(manifest, "hash", len, raising=False)
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"key": f"k{i:03d}", "duration": 1.0}) + "\n" for i in range(40)))
+    same_as_reference(tmp_path, {"path": str(path), "format": "jsonl"}, {"num_shards": 4})
+    with open(path, "a") as f:
+        f.write('{"key": "k007", "duration": 2}\n{"key": "k001", "duration": 2}\n{"key": "k007", "duration": 2}\n')
+    with pytest.raises(DataError) as new:
+        ensure_plan(tmp_path / "dupes", {"path": str(path), "format": "jsonl"}, {"num_shards": 4})
+    with pytest.raises(DataError) as old:
+        reference_files({"path": str(path), "format": "jsonl"}, {"num_shards": 4})
+    assert str(new.value) == str(old.value)
+    assert str(new.value).startswith(f"3 duplicate key(s): 'k007' ({path}:41, first at {path}:8), 'k001'")
+    assert not (tmp_path / "dupes").exists()  # nothing written for a bad dataset
+
+
+BAD_LINES = {
+    "not JSON": '{"key": "x", "duration": ',
+    "two values": '{"key": "x"} {"key": "y"}',
+    "an array": '["x"]',
+    "no key": '{"id": "x"}',
+    "a number key": '{"key": 7}',
+    "a list audio": '{"key": "x", "audio": ["a.wav"]}',
+    "zero duration": '{"key": "x", "duration": 0}',
+    "negative duration": '{"key": "x", "duration": -1.5}',
+    "infinite duration": '{"key": "x", "duration": 1e999}',
+    "text duration": '{"key": "x", "duration": "long"}',
+    "a space in the key": '{"key": "x y", "duration": 1}',
+    "an empty key": '{"key": "", "duration": 1}',
+    "a control character in the key": '{"key": "x\\u001b", "duration": 1}',
+    "a NBSP in the key": '{"key": "x\\u00a0y", "duration": 1}',
+    "missing audio": '{"key": "x", "audio": "/nonexistent/x.wav", "duration": 1}',
+    "no duration and a pipe": '{"key": "x", "audio": "sox a.wav -t wav - |"}',
+}
+
+
+@pytest.mark.parametrize("what", sorted(BAD_LINES))
+@pytest.mark.parametrize("block_bytes", [manifest.BLOCK_BYTES, 300])
+def test_a_bad_record_fails_as_before_naming_file_and_line(tmp_path, monkeypatch, what, block_bytes):
+    """Each bad record, at line 62 of 80 (after a blank line), in one block or many: the same DataError the
+    old planner gave, and nothing written."""
+    monkeypatch.setattr(manifest, "BLOCK_BYTES", block_bytes)
+    lines = [json.dumps({"key": f"k{i:02d}", "duration": 1.5}) for i in range(79)]
+    lines.insert(10, "")
+    lines.insert(61, BAD_LINES[what])
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    spec = {"path": str(path), "format": "jsonl"}
+    with pytest.raises(DataError) as old:
+        reference_files(spec, {"shard_seconds": 10})
+    with pytest.raises(DataError) as new:
+        ensure_plan(tmp_path / "set", spec, {"shard_seconds": 10})
+    assert str(new.value) == str(old.value)
+    assert f"{path}:62" in str(new.value)
+    assert not (tmp_path / "set").exists()
+
+
+@pytest.mark.parametrize("content, where", [(b"", "empty"), (b"\n  \n\n", "blank lines only"),
+                                            (b'{"key": "a"}\n{"key": "b\xe9"}\n', "latin-1 byte")])
+def test_empty_or_undecodable_manifests_fail_as_before(tmp_path, monkeypatch, content, where):
+    monkeypatch.setattr(manifest, "BLOCK_BYTES", 8)
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(content)
+    spec = {"path": str(path), "format": "jsonl", "name": "m"}
+    with pytest.raises(DataError) as old:
+        reference_files(spec, {"num_shards": 2})
+    with pytest.raises(DataError) as new:
+        ensure_plan(tmp_path / "set", spec, {"num_shards": 2})
+    assert str(new.value) == str(old.value), where
+
+
+def test_durations_are_summed_as_before(tmp_path):
+    """Shard and total seconds are rounded sums in file order: the same float additions, the same digits."""
+    rng = random.Random(3)
+    durations = [rng.uniform(0.1, 30) for _ in range(3000)]
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"key": f"u{i}", "duration": d}) + "\n" for i, d in enumerate(durations)))
+    same_as_reference(tmp_path, {"path": str(path), "format": "jsonl"}, {"num_shards": 9})
+    plan = json.loads((tmp_path / "set-1/plan.json").read_text())
+    assert plan["total_seconds"] == round(sum(durations), 3) and not math.isnan(plan["total_seconds"])
+
+
+def test_many_bad_keys_across_blocks_are_counted_and_the_first_five_listed_as_before(tmp_path, monkeypatch):
+    monkeypatch.setattr(manifest, "BLOCK_BYTES", 100)
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"key": f"k {i}" if i % 3 == 0 else f"k{i}"}) + "\n" for i in range(20)))
+    with pytest.raises(DataError) as old:
+        reference_files({"path": str(path), "format": "jsonl"}, {"num_shards": 2})
+    with pytest.raises(DataError) as new:
+        ensure_plan(tmp_path / "set", {"path": str(path), "format": "jsonl"}, {"num_shards": 2})
+    assert str(new.value) == str(old.value) and str(new.value).startswith("7 key(s)")
