@@ -70,4 +70,6 @@ def reference_files(dataset: dict, sharding: dict) -> dict[str, bytes]:
 
 
 def written_files(set_dir: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(set_dir)): p.read_bytes() for p in sorted(set_dir.rglob("*")) if p.is_file()}
+    """The plan's files in ``set_dir`` (not the planner's own cache of a manifest's columns)."""
+    return {str(p.relative_to(set_dir)): p.read_bytes() for p in sorted(set_dir.rglob("*"))
+            if p.is_file() and p.relative_to(set_dir).parts[0] != "manifest_cache"}

@@ -175,3 +175,132 @@ def test_many_bad_keys_across_blocks_are_counted_and_the_first_five_listed_as_be
     with pytest.raises(DataError) as new:
         ensure_plan(tmp_path / "set", {"path": str(path), "format": "jsonl"}, {"num_shards": 2})
     assert str(new.value) == str(old.value) and str(new.value).startswith("7 key(s)")
+
+
+# -- a manifest appended to: only its new lines are read -------------------------------------------
+
+def parsed_lines(monkeypatch) -> list[int]:
+    """Counts the manifest lines pass 1 parses (one entry per block)."""
+    counted = []
+    parse = manifest.JsonlManifest._parse_block
+
+    def counting(self, numbers, lines):
+        counted.append(len(lines))
+        return parse(self, numbers, lines)
+
+    monkeypatch.setattr(manifest.JsonlManifest, "_parse_block", counting)
+    return counted
+
+
+def lines_of(n: int, start: int = 0) -> str:
+    return "".join(json.dumps({"key": f"u{i:04d}", "duration": 0.5 + i % 7, "text": "ab" * (i % 5)}) + "\n"
+                   + ("\n" if i % 9 == 0 else "") for i in range(start, start + n))
+
+
+@pytest.mark.parametrize("block_bytes", [manifest.BLOCK_BYTES, 300])
+@pytest.mark.parametrize("sharding", SHARDINGS[:4])
+def test_an_appended_manifest_reads_only_its_new_lines_and_plans_as_if_read_whole(tmp_path, monkeypatch, block_bytes,
+                                                                                    sharding):
+    monkeypatch.setattr(manifest, "BLOCK_BYTES", block_bytes)
+    path = tmp_path / "m.jsonl"
+    path.write_text(lines_of(200))
+    spec = {"path": str(path), "format": "jsonl"}
+    set_dir = tmp_path / "set"
+    ensure_plan(set_dir, spec, sharding)
+    before = {p: p.stat().st_mtime_ns for p in set_dir.glob("split.*/*")}
+    counted = parsed_lines(monkeypatch)
+    with open(path, "a") as f:
+        f.write(lines_of(57, 200))
+    ensure_plan(set_dir, spec, sharding)
+    assert sum(counted) == 57  # the 200 lines before were not parsed again
+    expected = reference_files(spec, sharding)
+    assert written_files(set_dir) == expected
+    if "shard_size" in sharding:  # the full shards before the append are kept as they were: not even rewritten
+        kept = [p for p in before if int(p.parent.name.split(".")[1]) < 200 // sharding["shard_size"]]
+        assert kept and all(p.stat().st_mtime_ns == before[p] for p in kept)
+
+
+@pytest.mark.parametrize("change", ["an edited line", "no newline at the end before", "shorter", "a cut-short cache",
+                                    "another key field"])
+def test_a_manifest_changed_otherwise_is_read_whole(tmp_path, monkeypatch, change):
+    """Anything but whole lines appended, or a cache that cannot be read: the manifest is read from the start."""
+    path = tmp_path / "m.jsonl"
+    text = lines_of(120)
+    if change == "no newline at the end before":
+        text = text.rstrip("\n")
+    path.write_text(text)
+    spec = {"path": str(path), "format": "jsonl"}
+    set_dir = tmp_path / "set"
+    ensure_plan(set_dir, spec, {"num_shards": 4})
+    counted = parsed_lines(monkeypatch)
+    if change == "an edited line":
+        path.write_text(text.replace('"u0003"', '"u0003x"') + lines_of(5, 120))
+    elif change == "no newline at the end before":
+        path.write_text(text + "\n" + lines_of(5, 120))
+    elif change == "shorter":
+        path.write_text(lines_of(100))
+    elif change == "a cut-short cache":
+        seconds = set_dir / "manifest_cache/seconds.f64"
+        seconds.write_bytes(seconds.read_bytes()[:-8])
+        path.write_text(text + lines_of(5, 120))
+    else:
+        path.write_text(text.replace('"key"', '"id"') + lines_of(5, 120).replace('"key"', '"id"'))
+        spec = {**spec, "key_field": "id"}
+    ensure_plan(set_dir, spec, {"num_shards": 4})
+    assert sum(counted) == len([line for line in path.read_text().splitlines() if line.strip()])
+    assert written_files(set_dir) == reference_files(spec, {"num_shards": 4})
+
+
+@pytest.mark.parametrize("tail, message", [
+    ('{"key": "u0007", "duration": 1}\n', "1 duplicate key(s): 'u0007' ({path}:{line}, first at {path}:9)"),
+    ('{"key": "new", "duration": 0}\n', "{path}:{line}: 'duration' of 'new' is 0"),
+    ('{"key": "a b", "duration": 1}\n', "1 key(s) are empty or contain whitespace or control characters: 'a b' "
+                                        "({path}:{line})"),
+])
+def test_bad_appended_lines_fail_as_a_whole_read_does_and_leave_the_plan_before(tmp_path, tail, message):
+    path = tmp_path / "m.jsonl"
+    path.write_text(lines_of(60))
+    spec = {"path": str(path), "format": "jsonl"}
+    set_dir = tmp_path / "set"
+    ensure_plan(set_dir, spec, {"shard_size": 16})
+    before = written_files(set_dir)
+    with open(path, "a") as f:
+        f.write(tail)
+    line = len(path.read_text().splitlines())
+    with pytest.raises(DataError) as new:
+        ensure_plan(set_dir, spec, {"shard_size": 16})
+    with pytest.raises(DataError) as old:
+        reference_files(spec, {"shard_size": 16})
+    assert str(new.value) == str(old.value)
+    assert str(new.value).startswith(message.format(path=path, line=line))
+    assert written_files(set_dir) == before
+
+
+def test_shards_are_kept_only_from_the_plan_the_cached_columns_were_read_for(tmp_path, monkeypatch):
+    """A planner killed between keeping its columns and writing plan.json leaves the plan before (of an older
+    manifest) beside newer columns: an append after that keeps none of that plan's shards (line 5 was edited
+    in between: its shard's records digest must be the new one)."""
+    from snakeshard.core import plan as planner
+
+    path = tmp_path / "m.jsonl"
+    path.write_text(lines_of(100))
+    spec = {"path": str(path), "format": "jsonl"}
+    set_dir = tmp_path / "set"
+    ensure_plan(set_dir, spec, {"shard_size": 16})
+    path.write_text(lines_of(100).replace('"u0004", "duration": 4.5, "text": "abababab"',
+                                          '"u0004", "duration": 4.5, "text": "edited!!"'))
+    write_json = planner.atomic_write_json
+
+    def killed_at_plan_json(target, obj, **kw):
+        if str(target).endswith("plan.json"):
+            raise KeyboardInterrupt("killed")
+        write_json(target, obj, **kw)
+
+    monkeypatch.setattr(planner, "atomic_write_json", killed_at_plan_json)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_plan(set_dir, spec, {"shard_size": 16})
+    monkeypatch.setattr(planner, "atomic_write_json", write_json)
+    with open(path, "a") as f:
+        f.write(lines_of(3, 100))
+    ensure_plan(set_dir, spec, {"shard_size": 16})
+    assert written_files(set_dir) == reference_files(spec, {"shard_size": 16})

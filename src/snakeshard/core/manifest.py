@@ -7,7 +7,7 @@ manifest is read in blocks and kept as one string of keys and one array of durat
 
 * pass 1 (``JsonlManifest.__init__``): each block is parsed (one ``json.loads`` per block), validated
   as ``data.read_items`` validates it (the same errors, naming file and line), and reduced to its keys,
-  durations and audio paths; keys are checked unique by their hashes (a sorted numpy array; a hash met
+  durations and audio paths; then keys are checked unique by their hashes (a sorted numpy array; a hash met
   twice is resolved against the keys themselves);
 * pass 2 (``shards``): the file is read again, block by block, and each shard's ``Rows`` (its keys,
   where they were declared, and their lines as written) are made as its lines go by, so one shard at a
@@ -19,20 +19,27 @@ A Kaldi data dir joins several files by key, so it is read whole (``data.read_it
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 from array import array
-from itertools import chain, repeat
+from bisect import bisect_right
+from contextlib import suppress
+from itertools import chain, islice, repeat
 
 from snakeshard.core.data import (JSONL_RECORD, MAX_LISTED, Item, _duration, bad_key, check_audio_exists,
                                   duplicate_keys_error, empty_dataset_error, fill_durations, is_pipe, read_items,
                                   source_spec, utf8_error)
 from snakeshard.core.fingerprint import digest
 from snakeshard.errors import DataError
+from snakeshard.io.atomic import atomic_write_text
 
 BLOCK_BYTES = 1 << 20  # a block of the manifest, parsed at once: ~10,000 lines of 100 bytes (a smaller transient than 4 or 16 MB, and as fast)
 UNKNOWN = math.nan  # a duration not in the manifest (read from the audio header if the sharding needs it)
+CACHE_DIR = "manifest_cache"  # in the plan's set dir: pass 1's columns, for a manifest appended to
+CACHE_META, CACHE_COLUMNS, CACHE_SECONDS = "manifest.json", "columns.jsonl", "seconds.f64"
+CACHE_FORMAT = 1
 _encoder = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":"))
 
 
@@ -69,6 +76,8 @@ class Rows:
 class ItemsManifest:
     """A dataset read whole as ``Item`` objects (a Kaldi data dir, or items made by hand)."""
 
+    reused_items, reused_plan = 0, None  # read whole every time
+
     def __init__(self, items: list[Item]):
         self.items = items
         self.num_items = len(items)
@@ -80,8 +89,8 @@ class ItemsManifest:
         self.seconds = array("d", (i.seconds for i in self.items))
         self.missing = 0
 
-    def shards(self, counts):
-        start = 0
+    def shards(self, counts, first_item: int = 0):
+        start = first_item
         for count in counts:
             items = self.items[start:start + count]
             start += count
@@ -97,24 +106,38 @@ class ItemsManifest:
 
 
 class JsonlManifest:
-    """A JSON Lines manifest read in blocks (see the module's docstring): keys, durations, audio paths."""
+    """A JSON Lines manifest read in blocks (see the module's docstring): keys, durations, audio paths.
 
-    def __init__(self, path: str, spec: dict):
+    With ``cache_dir`` (the plan's set dir), pass 1's columns are kept there (``save``); when the manifest has
+    only grown by whole lines since (its old bytes unchanged: same size prefix, same SHA-256), only the new
+    lines are read, and ``reused_items`` says how many leading items are as they were.
+    """
+
+    def __init__(self, path: str, spec: dict, cache_dir=None):
         self.path = path
-        self.key_field = spec.get("key_field", "key")
-        self.audio_field = spec.get("audio_field", "audio")
-        self.duration_field = spec.get("duration_field", "duration")
+        self.fields = [spec.get("key_field", "key"), spec.get("audio_field", "audio"),
+                       spec.get("duration_field", "duration")]
+        self.key_field, self.audio_field, self.duration_field = self.fields
         self.key_blocks: list[str] = []  # per block, its keys joined by "\n" (keys hold no control character)
         self.audio_blocks: list[list | None] = []  # per block, its audio paths (None: the block names none)
+        self.blocks: list[list[int]] = []  # per block: [byte offset, first line number, first item, items]
         self.seconds = array("d")
         self.num_items = 0
-        self.missing = 0
-        hashes = []  # per block, its keys' hashes: duplicates are found among these (8 bytes a key)
+        self.reused_items = 0  # leading items read from the cache: as they were at the plan before
+        self.reused_plan = None  # the signature of the plan made with those items
+        self._sha = hashlib.sha256()  # of the bytes read, to tell an appended manifest from an edited one
+        self.size, self.lines_read = 0, 0
+        resumed = self._resume(cache_dir) if cache_dir is not None else None
+        self._scan(*(resumed or (0, 1)), spec)
+
+    def _scan(self, offset: int, first_line: int, spec: dict) -> None:
+        """Pass 1 from byte ``offset`` (line ``first_line``) to the end: parse, validate, keep the columns."""
+        path = self.path
         bad_keys: list[str] = []
         bad_key_count = 0
         absent: list[str] = []
         absent_count = 0
-        for numbers, lines in self._lines():
+        for block_offset, numbers, lines in self._lines(offset, first_line, self._sha):
             keys, audio, seconds = self._parse_block(numbers, lines)
             if not keys:  # a block of blank lines
                 continue
@@ -130,10 +153,10 @@ class JsonlManifest:
                         absent_count += 1
                         if len(absent) < MAX_LISTED:
                             absent.append(f"key {key!r}: {a} ({path}:{n})")
+            self.blocks.append([block_offset, numbers[0], self.num_items, len(keys)])
             self.key_blocks.append("\n".join(keys))
             self.audio_blocks.append(audio)
             self.seconds.extend(seconds)
-            hashes.append(array("q", map(hash, keys)))
             self.num_items += len(keys)
         self.missing = sum(1 for s in self.seconds if s != s)  # NaN: UNKNOWN
         if not self.num_items:
@@ -141,19 +164,23 @@ class JsonlManifest:
         if bad_keys:
             raise DataError(f"{bad_key_count} key(s) are empty or contain whitespace or control characters: "
                             + ", ".join(bad_keys))
-        self._check_unique(hashes)
+        self._check_unique()
         if absent:
             raise DataError(f"{absent_count} audio file(s) not found: " + ", ".join(absent))
 
     # -- pass 1 ---------------------------------------------------------------------------------------
 
-    def _lines(self):
-        """(line numbers, stripped lines) of the manifest's non-blank lines, a block at a time."""
-        first = 1
+    def _lines(self, offset: int = 0, first: int = 1, sha=None):
+        """(byte offset, line numbers, stripped lines) of each block of the manifest's non-blank lines, from
+        ``offset`` (a line start, line number ``first``) on; ``sha`` is updated with every byte read."""
         with open(self.path, "rb") as f:
+            f.seek(offset)
             rest = b""
+            at = offset  # where ``rest`` starts in the file
             while True:
                 chunk = f.read(BLOCK_BYTES)
+                if sha is not None:
+                    sha.update(chunk)
                 raw = rest + chunk
                 if chunk:
                     cut = raw.rfind(b"\n") + 1
@@ -162,7 +189,7 @@ class JsonlManifest:
                         continue
                     raw, rest = raw[:cut], raw[cut:]
                 elif not raw:
-                    return
+                    break
                 else:
                     rest = b""
                 try:
@@ -174,13 +201,16 @@ class JsonlManifest:
                     lines.pop()
                 stripped = list(map(str.strip, lines))
                 if all(stripped):
-                    yield range(first, first + len(lines)), stripped
+                    yield at, range(first, first + len(lines)), stripped
                 else:
                     kept = [(n, t) for n, t in enumerate(stripped, first) if t]
-                    yield [n for n, _ in kept], [t for _, t in kept]
+                    yield at, [n for n, _ in kept], [t for _, t in kept]
                 first += len(lines)
+                at += len(raw)
                 if not chunk:
-                    return
+                    break
+        if sha is not None:
+            self.size, self.lines_read, self.ends_with_newline = at, first - 1, not raw or raw.endswith(b"\n")
 
     def _parse_block(self, numbers, lines) -> tuple[list, list | None, list]:
         """(keys, audio paths or None, durations with UNKNOWN) of one block's lines, validated."""
@@ -229,11 +259,16 @@ class JsonlManifest:
             seconds.append(UNKNOWN if value is None else _duration(value, where, f"{self.duration_field!r} of {key!r}"))
         return keys, (audio if any(a is not None for a in audio) else None), seconds
 
-    def _check_unique(self, hashes: list) -> None:
+    def _check_unique(self) -> None:
+        """Duplicate keys, found among the keys' 64-bit hashes sorted (8 bytes a key, not a set of the keys)."""
         import numpy as np
 
-        every = np.concatenate([np.frombuffer(h, dtype=np.int64) for h in hashes])
-        hashes.clear()
+        every = np.empty(self.num_items, dtype=np.int64)
+        at = 0
+        for block in self.key_blocks:
+            keys = block.split("\n")
+            every[at:at + len(keys)] = np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys))
+            at += len(keys)
         every.sort()
         twice = set(every[1:][every[1:] == every[:-1]].tolist())
         del every
@@ -251,6 +286,73 @@ class JsonlManifest:
         if dupes:
             raise duplicate_keys_error(dupes)
 
+    # -- the cache: pass 1's columns, kept for an appended manifest ----------------------------------
+
+    def save(self, cache_dir, plan_signature: str) -> None:
+        """Keep pass 1's columns in ``cache_dir/manifest_cache/`` (before durations are read from audio headers:
+        they describe the file), for the plan of ``plan_signature``, which is written next: only that plan's
+        shards may be kept on an append (were it not written, the plan before would not describe these
+        columns). The description file is written last, so a cache without it is ignored."""
+        cache = os.path.join(cache_dir, CACHE_DIR)
+        os.makedirs(cache, exist_ok=True)
+        for name in (CACHE_META, CACHE_COLUMNS, CACHE_SECONDS):  # stale ones, should this save be cut short
+            with suppress(FileNotFoundError):
+                os.remove(os.path.join(cache, name))
+        with open(os.path.join(cache, CACHE_COLUMNS), "w", encoding="utf-8") as f:
+            f.writelines(json.dumps([keys, audio], ensure_ascii=False) + "\n"
+                         for keys, audio in zip(self.key_blocks, self.audio_blocks))
+        with open(os.path.join(cache, CACHE_SECONDS), "wb") as f:
+            getattr(self, "given_seconds", self.seconds).tofile(f)
+        meta = {"format": CACHE_FORMAT, "path": self.path, "fields": self.fields, "size": self.size,
+                "sha256": self._sha.hexdigest(), "lines": self.lines_read, "ends_with_newline": self.ends_with_newline,
+                "num_items": self.num_items, "float_bytes": self.seconds.itemsize, "blocks": self.blocks,
+                "plan_signature": plan_signature}
+        atomic_write_text(os.path.join(cache, CACHE_META), json.dumps(meta), fsync=False)
+
+    def _resume(self, cache_dir) -> tuple[int, int] | None:
+        """Load the cached columns if the manifest is what they describe plus whole lines after it: then the byte
+        offset and line number to read on from; else None (the manifest is read from the start)."""
+        cache = os.path.join(cache_dir, CACHE_DIR)
+        try:
+            with open(os.path.join(cache, CACHE_META), encoding="utf-8") as f:
+                meta = json.load(f)
+            if (meta.get("format") != CACHE_FORMAT or meta["path"] != self.path or meta["fields"] != self.fields
+                    or not meta["ends_with_newline"] or os.path.getsize(self.path) < meta["size"]
+                    or meta["float_bytes"] != self.seconds.itemsize):
+                return None
+            sha = hashlib.sha256()
+            with open(self.path, "rb") as f:
+                left = meta["size"]
+                while left:
+                    chunk = f.read(min(left, BLOCK_BYTES))
+                    if not chunk:
+                        return None
+                    sha.update(chunk)
+                    left -= len(chunk)
+            if sha.hexdigest() != meta["sha256"]:  # edited, not only appended to
+                return None
+            with open(os.path.join(cache, CACHE_COLUMNS), encoding="utf-8") as f:
+                columns = [json.loads(line) for line in f]
+            with open(os.path.join(cache, CACHE_SECONDS), "rb") as f:
+                self.seconds.fromfile(f, meta["num_items"])
+        except (OSError, ValueError, KeyError, TypeError, EOFError):  # missing, cut short, another version: read all
+            self.seconds = array("d")
+            return None
+        if len(columns) != len(meta["blocks"]):
+            self.seconds = array("d")
+            return None
+        self.key_blocks = [keys for keys, _ in columns]
+        self.audio_blocks = [audio for _, audio in columns]
+        self.blocks = meta["blocks"]
+        self.num_items = self.reused_items = meta["num_items"]
+        self.reused_plan = meta["plan_signature"]
+        self._sha, self.size, self.lines_read = sha, meta["size"], meta["lines"]
+        for audio in self.audio_blocks:  # audio files may have gone since: checked as a full read checks them
+            for a in audio or ():
+                if a and not is_pipe(a) and not os.path.exists(a):
+                    raise DataError(f"audio file not found: {a} (named in {self.path})")
+        return meta["size"], meta["lines"] + 1
+
     # -- after pass 1 ---------------------------------------------------------------------------------
 
     def _rows(self):
@@ -259,17 +361,20 @@ class JsonlManifest:
         for keys, numbers, lines, audio in self._columns():
             yield from zip(keys, numbers, lines, audio, seconds)
 
-    def _columns(self):
-        """(keys, line numbers, lines, audio paths) of each block that holds items (reads the file again)."""
-        stored = zip(self.key_blocks, self.audio_blocks)
-        for numbers, lines in self._lines():
+    def _columns(self, first_item: int = 0):
+        """(keys, line numbers, lines, audio paths) of the items from ``first_item`` on, a block of lines at a
+        time (reads the file again, from the block holding that item)."""
+        b = bisect_right([block[2] for block in self.blocks], first_item) - 1
+        offset, first_line, block_item, _ = self.blocks[b]
+        skip = first_item - block_item
+        keys = chain.from_iterable(block.split("\n") for block in self.key_blocks[b:])
+        audio = chain.from_iterable(a if a is not None else repeat(None, n)
+                                    for a, (_, _, _, n) in zip(self.audio_blocks[b:], self.blocks[b:]))
+        for _, numbers, lines in self._lines(offset, first_line):
+            if skip:
+                numbers, lines, skip = numbers[skip:], lines[skip:], max(0, skip - len(lines))
             if lines:
-                keys, audio = next(stored)
-                keys = keys.split("\n")
-                yield keys, numbers, lines, audio if audio is not None else [None] * len(keys)
-
-    def block_sizes(self):
-        return (block.count("\n") + 1 for block in self.key_blocks)
+                yield list(islice(keys, len(lines))), numbers, lines, list(islice(audio, len(lines)))
 
     def fill_durations(self) -> None:
         """Durations the manifest lacks, from the audio headers (a key without readable audio is an error)."""
@@ -277,6 +382,7 @@ class JsonlManifest:
             return
         from snakeshard.io.audio import audio_duration
 
+        self.given_seconds = array("d", self.seconds)  # what the cache keeps: the manifest's, not the headers'
         for i, (key, n, _, a, s) in enumerate(self._rows()):
             if s == s:
                 continue
@@ -287,11 +393,12 @@ class JsonlManifest:
             self.seconds[i] = audio_duration(a, f"key {key!r} ({self.path}:{n})")
         self.missing = 0
 
-    def shards(self, counts):
-        """Each shard's ``Rows`` in turn, for shards of ``counts`` consecutive items (pass 2)."""
-        columns = self._columns()
+    def shards(self, counts, first_item: int = 0):
+        """Each shard's ``Rows`` in turn, for shards of ``counts`` consecutive items from ``first_item`` on
+        (pass 2)."""
+        columns = self._columns(first_item)
         block, at = None, 0  # the block being cut, and how much of it the shards before took
-        start = 0
+        start = first_item
         prefix = f"{self.path}:"
         for count in counts:
             parts = []
@@ -312,14 +419,16 @@ class JsonlManifest:
             record_lines = "".join(chain.from_iterable(zip(keys, repeat("\t"), lines, repeat("\n"))))  # key\tline\n
             yield Rows(keys, items_json, audio, seconds, {JSONL_RECORD: record_lines}, "[" + ",".join(lines) + "]")
 
-def scan_manifest(spec: dict):
+
+def scan_manifest(spec: dict, cache_dir=None):
     """The planner's view of a dataset (a chained dataset: of its source), validated as ``data.read_items``
-    validates it, audio files included."""
+    validates it, audio files included; a JSON Lines manifest resumes from ``cache_dir``'s columns when it
+    was only appended to."""
     from pathlib import Path
 
     source = source_spec(spec)
     if source.get("format", "kaldi") == "jsonl" and Path(source["path"]).is_file():
-        return JsonlManifest(source["path"], source)
+        return JsonlManifest(source["path"], source, cache_dir)
     items = read_items(spec)
     check_audio_exists(items)
     return ItemsManifest(items)

@@ -122,16 +122,22 @@ def input_signature(dataset: dict, sharding: dict) -> str:
     return digest(payload)
 
 
-def make_plan(dataset: dict, sharding: dict, on_shard=None) -> dict:
+def make_plan(dataset: dict, sharding: dict, on_shard=None, cache_dir=None, previous: dict | None = None) -> dict:
     """Read and validate the dataset, plan its shards: the plan record. ``on_shard(n, rows)`` is called with
     each shard's ``manifest.Rows`` as it is planned (``ensure_plan`` writes its files); one shard's rows at a
-    time are in memory."""
+    time are in memory. With ``cache_dir``, a JSON Lines manifest keeps its columns there and, when only
+    appended to since, reads just its new lines; then the leading shards of ``previous`` (the plan before)
+    that hold the same items are kept as they were, and ``on_shard`` is not called for them."""
     with _collector_paused():
-        manifest = scan_manifest(dataset)
+        signature = input_signature(dataset, sharding)
+        manifest = scan_manifest(dataset, cache_dir)
         counts = shard_counts(manifest, sharding)
         known = not manifest.missing
-        records = []
-        for n, rows in enumerate(manifest.shards(counts)):
+        kept = _kept_shards(previous, counts, manifest, known)
+        if cache_dir is not None and hasattr(manifest, "save"):
+            manifest.save(cache_dir, signature)
+        records = previous["shards"][:kept] if kept else []
+        for n, rows in enumerate(manifest.shards(counts[kept:], sum(counts[:kept])), kept):
             keys = rows.keys
             records.append({
                 "shard": n,
@@ -148,12 +154,28 @@ def make_plan(dataset: dict, sharding: dict, on_shard=None) -> dict:
             "format": PLAN_FORMAT,
             "dataset": dataset,
             "sharding": sharding,
-            "signature": input_signature(dataset, sharding),
+            "signature": signature,
             "num_items": manifest.num_items,
             "total_seconds": round(sum(manifest.seconds), 3) if known else None,
             "num_shards": len(counts),
             "shards": records,
         }
+
+
+def _kept_shards(previous: dict | None, counts: list[int], manifest, known: bool) -> int:
+    """How many leading shards of ``previous`` (the plan before) stand as they were: that plan was made from the
+    items the manifest read from its cache, each shard has the same item count, all within those items, and
+    durations were known then as now."""
+    if (not previous or previous["signature"] != manifest.reused_plan
+            or (previous["total_seconds"] is not None) != known):
+        return 0
+    kept = end = 0
+    for count, record in zip(counts, previous["shards"]):
+        end += count
+        if record["items"] != count or end > manifest.reused_items:
+            break
+        kept += 1
+    return kept
 
 
 @contextmanager
@@ -173,18 +195,23 @@ def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> di
     """The plan for one stage and dataset: reuse ``set_dir/plan.json`` if still valid, else plan anew.
 
     Re-planning rewrites a ``split.N/keys`` file only when its keys changed, so
-    unchanged shards keep their mtime and are not rerun by Snakemake.
+    unchanged shards keep their mtime and are not rerun by Snakemake. A JSON Lines manifest that was only
+    appended to is read from where the plan before stopped, and its unchanged leading shards are kept.
     """
     set_dir = Path(set_dir)
     plan_path = set_dir / "plan.json"
+    previous = previous_audio = None
     try:
         plan = json.loads(plan_path.read_text())
         # os.path on strings, not Path objects: this runs at every parse, 10,000 checks at 10,000 shards
-        if plan.get("signature") == input_signature(dataset, sharding) and all(
+        if all(
             os.path.isfile(f"{set_dir}/split.{n}/{KEYS_FILE}") and os.path.isfile(f"{set_dir}/split.{n}/{SHARD_ITEMS}")
             for n in range(plan["num_shards"])
         ) and os.path.isfile(set_dir / AUDIO_FILES):
-            return plan
+            if plan.get("signature") == input_signature(dataset, sharding):
+                return plan
+            if (plan.get("format"), plan.get("dataset"), plan.get("sharding")) == (PLAN_FORMAT, dataset, sharding):
+                previous, previous_audio = plan, read_audio_files(set_dir)  # its leading shards may stand
     except (FileNotFoundError, json.JSONDecodeError, KeyError):
         pass
     audio = []
@@ -194,8 +221,9 @@ def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> di
         atomic_write_text(set_dir / f"split.{n}" / SHARD_ITEMS, rows.slice_text(), fsync=False)
         audio.append(rows.audio_files())
 
-    plan = make_plan(dataset, sharding, on_shard=write_shard)
-    atomic_write_json(set_dir / AUDIO_FILES, audio, fsync=False)
+    plan = make_plan(dataset, sharding, on_shard=write_shard, cache_dir=set_dir, previous=previous)
+    kept = plan["num_shards"] - len(audio)
+    atomic_write_json(set_dir / AUDIO_FILES, (previous_audio or [])[:kept] + audio, fsync=False)
     atomic_write_json(plan_path, plan)  # last: a plan.json on disk means its other files are written
     return plan
 
