@@ -1,0 +1,124 @@
+"""Benchmark (not a test): planning a big manifest in the Snakemake driver, cold and warm (issue 29).
+
+A JSON Lines manifest of N keys, one line per key: ``{"key": "utt0000001", "duration": 4.37}`` (durations
+drawn from a fixed seed, 1-10 s). One stage with ``sharding: {shard_size: 10000}`` (N / 10,000 shard jobs in
+the DAG) and the bench toy runner. Per size:
+  * ``snakemake -n --cores 1`` cold (plans: reads the manifest, writes split.N/keys and items.json), warm
+    (plan reused), and appended (1% more lines at the manifest's end: only they are read): wall s and the
+    driver's peak RSS (``wait4``);
+  * ``--planner-only``: ``ensure_plan`` alone in a fresh process, the new planner and, for sizes up to
+    ``--reference-max``, the planner before it streamed (tests/reference_plan.py: the whole manifest as
+    ``Item`` objects), wall s and peak RSS.
+
+    python bench/plan_scale.py [--sizes 1000000 3000000 10000000] [--repeats 1] [--reference-max 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from benchlib import TOY_STAGE_MODULE, fresh_project, machine_info
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / "bench" / "work" / "plan_scale"
+PLAN_ALONE = '''
+import json, resource, sys, time
+sys.path.insert(0, {tests!r})
+t0 = time.perf_counter()
+if sys.argv[1] == "reference":
+    from reference_plan import reference_files
+    reference_files({{"path": sys.argv[2], "format": "jsonl"}}, {{"shard_size": 10000}})
+else:
+    from snakeshard.core.plan import ensure_plan
+    ensure_plan(sys.argv[3], {{"path": sys.argv[2], "format": "jsonl"}}, {{"shard_size": 10000}})
+print(json.dumps([time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]))
+'''
+
+
+def manifest(n: int) -> Path:
+    """The N-key manifest, written once and reused across runs (bench/work is not in git)."""
+    path = WORK / f"manifest-{n}.jsonl"
+    if not path.exists():
+        rng = random.Random(0)
+        WORK.mkdir(parents=True, exist_ok=True)
+        with open(f"{path}.tmp", "w") as f:
+            for i in range(n):
+                f.write(f'{{"key": "utt{i:09d}", "duration": {round(rng.uniform(1, 10), 2)}}}\n')
+        os.replace(f"{path}.tmp", path)
+    return path
+
+
+def project(n: int) -> Path:
+    wd = fresh_project(WORK / f"n{n}")
+    (wd / "toy_stage.py").write_text(TOY_STAGE_MODULE)
+    shutil.copyfile(manifest(n), wd / "items.jsonl")  # its own copy: the appended case writes to it
+    config = {"canary": 0, "datasets": {"big": {"path": "items.jsonl", "format": "jsonl"}},
+              "stages": {"count": {"runner": "toy_stage.Runner", "provider": "toy_stage.Provider",
+                                   "datasets": ["big"], "sharding": {"shard_size": 10000}}}}
+    (wd / "config/config.yaml").write_text(yaml.safe_dump(config))
+    return wd
+
+
+def measured(cmd: list[str], cwd: Path) -> tuple[float, float, str]:
+    """(wall s, peak RSS MB of the process, its output) of one run; exits if it fails."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"{' '.join(cmd)} failed in {cwd}:\n{out[-4000:]}")
+    return wall, usage.ru_maxrss / 1024, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1000000, 3000000, 10000000])
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--reference-max", type=int, default=1000000)
+    args = ap.parse_args()
+    import snakemake
+
+    print(machine_info(snakemake=snakemake.__version__))
+    dry = [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "-q"]
+    alone = [sys.executable, "-c", PLAN_ALONE.format(tests=str(ROOT / "tests"))]
+    raw = WORK / "raw"  # snakemake's own start: one rule, nothing to plan
+    raw.mkdir(parents=True, exist_ok=True)
+    (raw / "Snakefile").write_text('rule all:\n    output: "x"\n    shell: "touch {output}"\n')
+    floor = sorted(measured(dry, raw)[0] for _ in range(3))[1]
+    print(f"raw `snakemake -n` of a one-rule Snakefile (median of 3): {floor:.2f} s\n")
+    print("| keys | manifest MB | `-n` cold s | cold RSS MB | `-n` warm s | warm RSS MB | `-n` after +1% s | its RSS MB "
+          "| planner alone s (µs/key) | its RSS MB | planner before s | its RSS MB |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in args.sizes:
+        for _ in range(args.repeats):
+            path = manifest(n)
+            wd = project(n)
+            cold = measured(dry, wd)
+            warm = measured(dry, wd)
+            with open(wd / "items.jsonl", "a") as f:
+                f.writelines(f'{{"key": "more{i:09d}", "duration": 2.5}}\n' for i in range(n // 100))
+            appended = measured(dry, wd)
+            shutil.rmtree(WORK / "alone", ignore_errors=True)
+            new = json.loads(measured([*alone, "new", str(path), str(WORK / "alone")], WORK)[2].splitlines()[-1])
+            old = ["-", "-"]
+            if n <= args.reference_max:
+                old = json.loads(measured([*alone, "reference", str(path)], WORK)[2].splitlines()[-1])
+                old = [f"{old[0]:.2f}", f"{old[1]:.0f}"]
+            print(f"| {n:,} | {path.stat().st_size / 1e6:.0f} | {cold[0]:.2f} | {cold[1]:.0f} | {warm[0]:.2f} | "
+                  f"{warm[1]:.0f} | {appended[0]:.2f} | {appended[1]:.0f} | {new[0]:.2f} ({new[0] / n * 1e6:.2f}) | "
+                  f"{new[1]:.0f} | {old[0]} | {old[1]} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
