@@ -8,8 +8,8 @@ cycling through the 10 demo wavs (16 kHz, 3.4 s on average).
     writes ``key text`` lines;
   * ceiling: two copies of the loop at once, each over half of wav.scp (no orchestration at all): what
     2 processes can get on this machine;
-  * shards2 / shards8: the demo's ``asr`` stage alone (PocketsphinxRunner/Provider) with
-    ``sharding: {num_shards: 2 or 8}``, `snakemake --profile config/profiles/local --cores 2` from a clean
+  * shards2 / shards8 / default: the demo's ``asr`` stage alone (PocketsphinxRunner/Provider) with
+    ``sharding: {num_shards: 2 or 8}``, or no sharding (the default), `snakemake --profile config/profiles/local --cores 2` from a clean
     state (parse, plan, canary, shard jobs, merge), everything included. ``--canary N`` sets the config's
     top-level ``canary`` (a job decoding the first N keys before the shard jobs start: a decoder load and
     N decodes on the critical path); without it the workflow's default holds (2 keys since the canary went on by
@@ -17,7 +17,7 @@ cycling through the 10 demo wavs (16 kHz, 3.4 s on average).
 Rounds interleave the cases; each case's text is compared with the loop's, key by key (any difference is
 printed: decoding must not depend on the shard layout). Reports median wall and the ratio to the loop.
 
-    python bench/asr_shards.py [--utts 200] [--repeats 2] [--cases loop,ceiling,shards2,shards8] [--canary N]
+    python bench/asr_shards.py [--utts 200] [--repeats 2] [--cases loop,ceiling,shards2,shards8,default] [--canary N]
 """
 
 from __future__ import annotations
@@ -53,10 +53,12 @@ with open(f"{data}/wav.scp") as f, open(out, "w") as o:
 '''
 
 
-def stage_dir(path: Path, data: Path, shards: int, canary: int | None) -> Path:
+def stage_dir(path: Path, data: Path, shards: int | None, canary: int | None) -> Path:
     fresh_project(path)
     full = yaml.safe_load((ROOT / "config/config.yaml").read_text())
     asr = {**full["stages"]["asr"], "datasets": ["big"], "sharding": {"num_shards": shards}}
+    if shards is None:  # the default: no sharding in the config
+        del asr["sharding"]
     config = {"datasets": {"big": {"path": str(data)}}, "stages": {"asr": asr}}
     if canary is not None:
         config["canary"] = canary
@@ -92,7 +94,7 @@ def run_case(case: str, data: Path, env: dict, canary: int | None) -> tuple[floa
         out = WORK / "loop.txt"
         cmd, cwd, result = [sys.executable, "-c", LOOP, str(data), str(out)], WORK, out
     else:
-        cwd = stage_dir(WORK / case, data, int(case.removeprefix("shards")), canary)
+        cwd = stage_dir(WORK / case, data, None if case == "default" else int(case.removeprefix("shards")), canary)
         cmd = [sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2"]
         result = cwd / "results/asr/big/text"
     t0 = time.perf_counter()
@@ -134,6 +136,10 @@ def main() -> None:
                 print(f"  {case}: {len(differ)} of {len(reference)} keys decoded differently from the loop"
                       + (f": {differ[:5]}" if differ else ""), file=sys.stderr)
     loop = statistics.median(walls["loop"]) if walls.get("loop") else float("nan")
+    if walls.get("ceiling"):
+        for case in cases:
+            per_round = [w / c for w, c in zip(walls[case], walls["ceiling"])]
+            print(f"{case} / ceiling, per round: " + ", ".join(f"{r:.3f}" for r in per_round))
     canary = "the profile's (0)" if args.canary is None else args.canary
     print(f"\n{args.utts} utterances, --cores 2, canary {canary}, median of {args.repeats}\n")
     print("| case | wall s | wall / loop |")

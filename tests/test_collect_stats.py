@@ -498,9 +498,9 @@ def test_env_without_frontend_or_model_is_a_contract_error(tmp_path):
         run_in_process({"dataset": None, "model": object()}, ["a"], tmp_path / "split.1")
 
 
-def test_stage_without_sharding_needs_a_runner_default(tmp_path):
+def test_stage_without_sharding_takes_the_runners_default_else_eight_shards(tmp_path):
     """validate_config fills a missing sharding from the runner's default_sharding (read from its source, the
-    class found through the package's re-export); a runner without one is an error naming the key."""
+    class found through the package's re-export); a runner without one gets 8 shards (several per core)."""
     from snakeshard.workflow.parse import validate_config
 
     config = {"datasets": {"demo": {"path": "data/demo"}},
@@ -509,9 +509,11 @@ def test_stage_without_sharding_needs_a_runner_default(tmp_path):
     assert config["stages"]["stats"]["sharding"] == {"shard_seconds": 3600}
     config["stages"]["fbank"] = {"runner": "snakeshard.stages.fbank.FbankRunner",
                                  "provider": "snakeshard.stages.fbank.FbankProvider", "datasets": ["demo"]}
-    with pytest.raises(ConfigError, match=r"stages.fbank.sharding: not set, and the runner snakeshard.stages.fbank"
-                                          r".FbankRunner declares no default_sharding"):
-        validate_config(config)
+    validate_config(config)
+    assert config["stages"]["fbank"]["sharding"] == {"num_shards": 8}
+    config["stages"]["fbank"]["sharding"] = {"shard_size": 3}  # an explicit setting stands
+    validate_config(config)
+    assert config["stages"]["fbank"]["sharding"] == {"shard_size": 3}
 
 
 def test_code_fingerprint_follows_the_reexport():

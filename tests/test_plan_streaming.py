@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -304,3 +305,19 @@ def test_shards_are_kept_only_from_the_plan_the_cached_columns_were_read_for(tmp
         f.write(lines_of(3, 100))
     ensure_plan(set_dir, spec, {"shard_size": 16})
     assert written_files(set_dir) == reference_files(spec, {"shard_size": 16})
+
+
+def test_an_audio_file_gone_since_the_plan_before_is_named_with_its_key_and_line(tmp_path):
+    """The kept columns hold the audio paths; one deleted since is refused as a full read refuses it."""
+    wav = tmp_path / "a.wav"
+    wav.write_bytes(Path(WAVS[0]).read_bytes())
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"key": f"k{i}", "audio": str(wav if i == 3 else WAVS[i]), "duration": 1.0})
+                            + "\n" for i in range(6)))
+    spec = {"path": str(path), "format": "jsonl"}
+    ensure_plan(tmp_path / "set", spec, {"num_shards": 2})
+    wav.unlink()
+    with open(path, "a") as f:
+        f.write(json.dumps({"key": "k6", "duration": 1.0}) + "\n")
+    with pytest.raises(DataError, match=re.escape(f"1 audio file(s) not found: key 'k3': {wav} ({path}:4)")):
+        ensure_plan(tmp_path / "set", spec, {"num_shards": 2})

@@ -130,7 +130,7 @@ def _seconds(value, where: str, what: str) -> float:
     return seconds
 
 
-def _duration(value, where: str, what: str) -> float:
+def duration_seconds(value, where: str, what: str) -> float:
     seconds = _seconds(value, where, what)
     if seconds <= 0:
         raise DataError(f"{where}: {what} is {value!r}; a duration must be > 0 (an empty recording cannot be processed)")
@@ -179,7 +179,7 @@ def _read_kaldi_dir(path: Path, with_records: bool = True) -> list[Item]:
 
     utt2dur = path / "utt2dur"
     if utt2dur.is_file() and not segments.is_file():
-        durations = {k: _duration(v, f"{utt2dur}:{n}", f"duration of {k!r}") for k, v, n in _read_kaldi_table(utt2dur)}
+        durations = {k: duration_seconds(v, f"{utt2dur}:{n}", f"duration of {k!r}") for k, v, n in _read_kaldi_table(utt2dur)}
         for item in items:
             item.seconds = durations.get(item.key)
 
@@ -219,7 +219,7 @@ def _read_jsonl(path: Path, spec: dict) -> list[Item]:
         if audio is not None and not isinstance(audio, str):
             raise DataError(f"{where}: audio field {audio_field!r} must be a path string, got {audio!r}")
         if seconds is not None:
-            seconds = _duration(seconds, where, f"{duration_field!r} of {key!r}")
+            seconds = duration_seconds(seconds, where, f"{duration_field!r} of {key!r}")
         # records: the record as written; reformatting the manifest reruns its shards, a cheap price
         # for not re-serialising 100,000 records at every plan
         items.append(Item(key, where, audio, seconds, record, {JSONL_RECORD: line}))

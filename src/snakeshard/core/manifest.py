@@ -3,7 +3,8 @@
 Planning needs each key, its duration (the cost that balances shards) and, per shard, the lines its keys
 stand for (digested into the shard's fingerprint and copied into its ``items.json`` slice). Holding a
 whole manifest as one Python object per key cost the driver 1.1 GB at 1,000,000 keys, so a JSON Lines
-manifest is read in blocks and kept as one string of keys and one array of durations (~20 bytes a key):
+manifest is read in blocks and kept as one string of keys per block and one array of durations (~20 bytes a
+key):
 
 * pass 1 (``JsonlManifest.__init__``): each block is parsed (one ``json.loads`` per block), validated
   as ``data.read_items`` validates it (the same errors, naming file and line), and reduced to its keys,
@@ -12,6 +13,10 @@ manifest is read in blocks and kept as one string of keys and one array of durat
 * pass 2 (``shards``): the file is read again, block by block, and each shard's ``Rows`` (its keys,
   where they were declared, and their lines as written) are made as its lines go by, so one shard at a
   time is in memory. No JSON is parsed again: the lines are copied into the slices as written.
+
+Pass 1's columns are kept beside the plan (``save``, in ``manifest_cache/``). A manifest that has only grown
+by whole lines since (its old bytes unchanged: their SHA-256) resumes from them and parses only its new
+lines; the plan then keeps its leading shards that hold the same items as before (``plan.make_plan``).
 
 A Kaldi data dir joins several files by key, so it is read whole (``data.read_items``) and wrapped as
 ``ItemsManifest``: the same interface over a list of ``Item``.
@@ -28,14 +33,15 @@ from bisect import bisect_right
 from contextlib import suppress
 from itertools import chain, islice, repeat
 
-from snakeshard.core.data import (JSONL_RECORD, MAX_LISTED, Item, _duration, bad_key, check_audio_exists,
-                                  duplicate_keys_error, empty_dataset_error, fill_durations, is_pipe, read_items,
+from snakeshard.core.data import (JSONL_RECORD, MAX_LISTED, Item, bad_key, check_audio_exists, duplicate_keys_error,
+                                  duration_seconds, empty_dataset_error, fill_durations, is_pipe, read_items,
                                   source_spec, utf8_error)
 from snakeshard.core.fingerprint import digest
 from snakeshard.errors import DataError
 from snakeshard.io.atomic import atomic_write_text
 
-BLOCK_BYTES = 1 << 20  # a block of the manifest, parsed at once: ~10,000 lines of 100 bytes (a smaller transient than 4 or 16 MB, and as fast)
+BLOCK_BYTES = 1 << 20  # a block of the manifest, parsed at once: ~10,000 lines of 100 bytes (as fast as 16 MB
+# blocks, and 1,000,000 keys of 42 bytes peaked at 83 MB instead of 298: bench/RESULTS.md section 21)
 UNKNOWN = math.nan  # a duration not in the manifest (read from the audio header if the sharding needs it)
 CACHE_DIR = "manifest_cache"  # in the plan's set dir: pass 1's columns, for a manifest appended to
 CACHE_META, CACHE_COLUMNS, CACHE_SECONDS = "manifest.json", "columns.jsonl", "seconds.f64"
@@ -83,6 +89,9 @@ class ItemsManifest:
         self.num_items = len(items)
         self.seconds = array("d", (UNKNOWN if i.seconds is None else i.seconds for i in items))
         self.missing = sum(i.seconds is None for i in items)
+
+    def save(self, cache_dir, plan_signature: str) -> None:
+        """Nothing to keep: a Kaldi data dir is read whole at every plan."""
 
     def fill_durations(self) -> None:
         fill_durations(self.items)
@@ -256,7 +265,7 @@ class JsonlManifest:
                 raise DataError(f"{where}: audio field {self.audio_field!r} must be a path string, got {path!r}")
             keys.append(key)
             audio.append(path)
-            seconds.append(UNKNOWN if value is None else _duration(value, where, f"{self.duration_field!r} of {key!r}"))
+            seconds.append(UNKNOWN if value is None else duration_seconds(value, where, f"{self.duration_field!r} of {key!r}"))
         return keys, (audio if any(a is not None for a in audio) else None), seconds
 
     def _check_unique(self) -> None:
@@ -333,24 +342,23 @@ class JsonlManifest:
                 return None
             with open(os.path.join(cache, CACHE_COLUMNS), encoding="utf-8") as f:
                 columns = [json.loads(line) for line in f]
+            seconds = array("d")
             with open(os.path.join(cache, CACHE_SECONDS), "rb") as f:
-                self.seconds.fromfile(f, meta["num_items"])
+                seconds.fromfile(f, meta["num_items"])
         except (OSError, ValueError, KeyError, TypeError, EOFError):  # missing, cut short, another version: read all
-            self.seconds = array("d")
             return None
         if len(columns) != len(meta["blocks"]):
-            self.seconds = array("d")
             return None
+        audio_blocks = [audio for _, audio in columns]
+        if any(a and not is_pipe(a) and not os.path.exists(a) for audio in audio_blocks for a in audio or ()):
+            return None  # an audio file gone since: read it all, to name it with its key and line as always
         self.key_blocks = [keys for keys, _ in columns]
-        self.audio_blocks = [audio for _, audio in columns]
+        self.audio_blocks = audio_blocks
+        self.seconds = seconds
         self.blocks = meta["blocks"]
         self.num_items = self.reused_items = meta["num_items"]
         self.reused_plan = meta["plan_signature"]
         self._sha, self.size, self.lines_read = sha, meta["size"], meta["lines"]
-        for audio in self.audio_blocks:  # audio files may have gone since: checked as a full read checks them
-            for a in audio or ():
-                if a and not is_pipe(a) and not os.path.exists(a):
-                    raise DataError(f"audio file not found: {a} (named in {self.path})")
         return meta["size"], meta["lines"] + 1
 
     # -- after pass 1 ---------------------------------------------------------------------------------

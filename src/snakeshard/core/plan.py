@@ -42,6 +42,14 @@ AUDIO_FILES = "audio_files.json"  # beside plan.json: per shard, the audio files
 DATASET_FILES = ("wav.scp", "segments", "utt2dur", "text", "utt2spk")
 
 
+# A stage that sets no sharding, whose runner declares none: 8 shards, several per core of a workstation, so a core
+# that finishes its shards early takes another rather than idling while one long shard ends (PocketSphinx over 200
+# utterances on 2 cores: 2 shards ended 26 s apart, 8 shards came within 3% of two bare loops; bench/RESULTS.md
+# section 22). A fixed number, not one per core of the machine planning: a plan that followed the cores would
+# re-cut every shard (and rerun every job) when the same project moves to a cluster or another workstation.
+DEFAULT_SHARDING = {"num_shards": 8}
+
+
 def split_contiguous(costs: list[float], num_shards: int) -> list[int]:
     """Start index of each of ``num_shards`` non-empty contiguous shards with near-equal cost.
 
@@ -134,7 +142,7 @@ def make_plan(dataset: dict, sharding: dict, on_shard=None, cache_dir=None, prev
         counts = shard_counts(manifest, sharding)
         known = not manifest.missing
         kept = _kept_shards(previous, counts, manifest, known)
-        if cache_dir is not None and hasattr(manifest, "save"):
+        if cache_dir is not None:
             manifest.save(cache_dir, signature)
         records = previous["shards"][:kept] if kept else []
         for n, rows in enumerate(manifest.shards(counts[kept:], sum(counts[:kept])), kept):

@@ -80,15 +80,12 @@ def _findable(name: str) -> bool:
         return True
 
 
-def runner_default_sharding(path: str, where: str) -> dict:
+def runner_default_sharding(path: str, where: str) -> dict | None:
     """A stage without ``sharding`` takes its runner's ``default_sharding``, a literal class attribute
     read from the runner's source (parse time imports no runner): e.g. CollectStatsRunner shards by audio
-    seconds, since a frontend's cost is linear in audio."""
+    seconds, since a frontend's cost is linear in audio. None when the runner declares none."""
     sharding = class_literal(path, "default_sharding", f"{where}.runner")
-    if sharding is None:
-        raise ConfigError(f"{where}.sharding: not set, and the runner {path} declares no default_sharding: set one "
-                          "of num_shards, shard_size, shard_seconds")
-    return dict(sharding)
+    return None if sharding is None else dict(sharding)
 
 
 def runner_reports(path: str, where: str) -> list[str]:

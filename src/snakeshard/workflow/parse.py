@@ -17,7 +17,7 @@ from snakeshard.core.devices import requested_gpus
 from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, digest, inputs_digest, keys_text,
                                          records_digest, result_inputs, shard_fingerprint, shard_inputs_text,
                                          stage_fingerprint)
-from snakeshard.core.plan import AUTO, ensure_plan, overlapping_shards, read_audio_files, shards_per_job
+from snakeshard.core.plan import AUTO, DEFAULT_SHARDING, ensure_plan, overlapping_shards, read_audio_files, shards_per_job
 from snakeshard.core.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys, shard_job_files
 from snakeshard.core.user_source import (check_import_path, check_module_imports, check_runner_source,
                                          provider_merge_options, runner_default_sharding, source_digest)
@@ -106,7 +106,7 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
             if ds not in datasets:
                 raise ConfigError(f"stages.{name}.datasets: {ds!r} is not defined under datasets ({sorted(datasets)})")
         if "sharding" not in stage:
-            stage["sharding"] = runner_default_sharding(stage["runner"], f"stages.{name}")
+            stage["sharding"] = runner_default_sharding(stage["runner"], f"stages.{name}") or dict(DEFAULT_SHARDING)
         modes = [k for k in ("num_shards", "shard_size", "shard_seconds") if k in stage["sharding"]]
         if len(modes) != 1:
             raise ConfigError(f"stages.{name}.sharding: set exactly one of num_shards, shard_size, shard_seconds "
