@@ -40,21 +40,25 @@ class CheckpointManager:
         self.best = self.directory / "best.pt"
 
     def save(self, state: dict, *, step: int, best: bool = False) -> None:
-        """Write ``state`` to ``history/step-<step>.pt`` (when keep_latest_k > 0), ``latest.pt`` and, with
-        ``best``, ``best.pt``; then drop history beyond the newest keep_latest_k. The history file is written
-        first, so a kill between the two leaves a history file at least as new as ``latest.pt``."""
+        """Write ``state`` to ``best.pt`` (with ``best``), ``history/step-<step>.pt`` (when keep_latest_k > 0)
+        and ``latest.pt``, in that order; then drop history beyond the newest keep_latest_k. A kill between
+        two of them leaves no checkpoint that counts this step's best without ``best.pt`` holding it (were
+        ``best.pt`` last, a kill before it left ``latest.pt`` naming a best epoch whose weights were never
+        written, and the run ended on a missing or older ``best.pt``); a ``best.pt`` newer than ``latest.pt``
+        is written again, the same, when the resumed run replays that epoch. The history file comes before
+        ``latest.pt``, so a kill between them leaves a history file at least as new as ``latest.pt``."""
         import torch
 
         buffer = io.BytesIO()
         torch.save(state, buffer)
         data = buffer.getvalue()
         self.directory.mkdir(parents=True, exist_ok=True)
+        if best:
+            atomic_write_bytes(self.best, data)
         if self.keep_latest_k > 0:
             self.history.mkdir(exist_ok=True)
             atomic_write_bytes(self.history / f"step-{step}.pt", data)
         atomic_write_bytes(self.latest, data)
-        if best:
-            atomic_write_bytes(self.best, data)
         self._prune()
 
     def history_files(self) -> list[Path]:
