@@ -179,7 +179,8 @@ def _read_kaldi_dir(path: Path, with_records: bool = True) -> list[Item]:
 
     utt2dur = path / "utt2dur"
     if utt2dur.is_file() and not segments.is_file():
-        durations = {k: duration_seconds(v, f"{utt2dur}:{n}", f"duration of {k!r}") for k, v, n in _read_kaldi_table(utt2dur)}
+        durations = {k: duration_seconds(v, f"{utt2dur}:{n}", f"duration of {k!r}")
+                     for k, v, n in _read_kaldi_table(utt2dur)}
         for item in items:
             item.seconds = durations.get(item.key)
 
@@ -205,25 +206,36 @@ def _read_jsonl(path: Path, spec: dict) -> list[Item]:
     parsed = _parse_all([line for _, line in numbered])
     for i, (line_no, line) in enumerate(numbered):
         where = prefix + str(line_no)
-        try:
-            record = parsed[i] if parsed is not None else json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: not valid JSON ({e.msg})") from None
-        if not isinstance(record, dict) or key_field not in record:
-            raise DataError(f"{where}: record has no key field {key_field!r}")
-        key = record[key_field]
-        if not isinstance(key, str):
-            raise DataError(f"{where}: key field {key_field!r} must be a string, got {key!r}")
-        seconds = record.get(duration_field)
-        audio = record.get(audio_field)
-        if audio is not None and not isinstance(audio, str):
-            raise DataError(f"{where}: audio field {audio_field!r} must be a path string, got {audio!r}")
-        if seconds is not None:
-            seconds = duration_seconds(seconds, where, f"{duration_field!r} of {key!r}")
+        record = parsed[i] if parsed is not None else jsonl_record(line, where)
+        key, audio, seconds = jsonl_values(record, where, key_field, audio_field, duration_field)
         # records: the record as written; reformatting the manifest reruns its shards, a cheap price
         # for not re-serialising 100,000 records at every plan
         items.append(Item(key, where, audio, seconds, record, {JSONL_RECORD: line}))
     return items
+
+
+def jsonl_record(line: str, where: str):
+    """One JSON Lines record (a line that is not exactly one JSON value is an error naming ``where``)."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{where}: not valid JSON ({e.msg})") from None
+
+
+def jsonl_values(record, where: str, key_field: str, audio_field: str, duration_field: str) -> tuple:
+    """(key, audio path or None, seconds or None) of a JSON Lines record, validated; errors name ``where``."""
+    if not isinstance(record, dict) or key_field not in record:
+        raise DataError(f"{where}: record has no key field {key_field!r}")
+    key = record[key_field]
+    if not isinstance(key, str):
+        raise DataError(f"{where}: key field {key_field!r} must be a string, got {key!r}")
+    seconds = record.get(duration_field)
+    audio = record.get(audio_field)
+    if audio is not None and not isinstance(audio, str):
+        raise DataError(f"{where}: audio field {audio_field!r} must be a path string, got {audio!r}")
+    if seconds is not None:
+        seconds = duration_seconds(seconds, where, f"{duration_field!r} of {key!r}")
+    return key, audio, seconds
 
 
 def _parse_all(lines: list[str]) -> list | None:

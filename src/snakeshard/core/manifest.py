@@ -34,7 +34,7 @@ from contextlib import suppress
 from itertools import chain, islice, repeat
 
 from snakeshard.core.data import (JSONL_RECORD, MAX_LISTED, Item, bad_key, check_audio_exists, duplicate_keys_error,
-                                  duration_seconds, empty_dataset_error, fill_durations, is_pipe, read_items,
+                                  empty_dataset_error, fill_durations, is_pipe, jsonl_record, jsonl_values, read_items,
                                   source_spec, utf8_error)
 from snakeshard.core.fingerprint import digest
 from snakeshard.errors import DataError
@@ -250,22 +250,11 @@ class JsonlManifest:
         keys, audio, seconds = [], [], array("d")
         for i, (n, line) in enumerate(zip(numbers, lines)):
             where = f"{self.path}:{n}"
-            try:
-                record = records[i] if records is not None else json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict) or self.key_field not in record:
-                raise DataError(f"{where}: record has no key field {self.key_field!r}")
-            key = record[self.key_field]
-            if not isinstance(key, str):
-                raise DataError(f"{where}: key field {self.key_field!r} must be a string, got {key!r}")
-            value = record.get(self.duration_field)
-            path = record.get(self.audio_field)
-            if path is not None and not isinstance(path, str):
-                raise DataError(f"{where}: audio field {self.audio_field!r} must be a path string, got {path!r}")
+            record = records[i] if records is not None else jsonl_record(line, where)
+            key, path, value = jsonl_values(record, where, *self.fields)
             keys.append(key)
             audio.append(path)
-            seconds.append(UNKNOWN if value is None else duration_seconds(value, where, f"{self.duration_field!r} of {key!r}"))
+            seconds.append(UNKNOWN if value is None else value)
         return keys, (audio if any(a is not None for a in audio) else None), seconds
 
     def _check_unique(self) -> None:

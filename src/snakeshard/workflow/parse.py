@@ -17,7 +17,8 @@ from snakeshard.core.devices import requested_gpus
 from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, digest, inputs_digest, keys_text,
                                          records_digest, result_inputs, shard_fingerprint, shard_inputs_text,
                                          stage_fingerprint)
-from snakeshard.core.plan import AUTO, DEFAULT_SHARDING, ensure_plan, overlapping_shards, read_audio_files, shards_per_job
+from snakeshard.core.plan import (AUTO, DEFAULT_SHARDING, ensure_plan, overlapping_shards, read_audio_files,
+                                  shards_per_job)
 from snakeshard.core.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys, shard_job_files
 from snakeshard.core.user_source import (check_import_path, check_module_imports, check_runner_source,
                                          provider_merge_options, runner_default_sharding, source_digest)
