@@ -44,9 +44,10 @@ DATASET_FILES = ("wav.scp", "segments", "utt2dur", "text", "utt2spk")
 
 # A stage that sets no sharding, whose runner declares none: 8 shards, several per core of a workstation, so a core
 # that finishes its shards early takes another rather than idling while one long shard ends (PocketSphinx over 200
-# utterances on 2 cores: 2 shards ended 26 s apart, 8 shards came within 3% of two bare loops; bench/RESULTS.md
-# section 22). A fixed number, not one per core of the machine planning: a plan that followed the cores would
-# re-cut every shard (and rerun every job) when the same project moves to a cluster or another workstation.
+# utterances on 2 cores: 2 shards once ended 26 s apart; 8 shards took the time of two bare loops over the halves,
+# median of 3 rounds, bench/RESULTS.md section 22). A fixed number, not one per core of the machine planning: a
+# plan that followed the cores would re-cut every shard (and rerun every job) when the same project moves to a
+# cluster or another workstation.
 DEFAULT_SHARDING = {"num_shards": 8}
 
 
