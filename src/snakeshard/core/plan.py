@@ -22,11 +22,9 @@ start-up do not grow with the dataset (a 1M-key dataset is read once, here, not 
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 from array import array
-from contextlib import contextmanager
 from pathlib import Path
 
 from snakeshard.core.data import source_spec
@@ -137,38 +135,37 @@ def make_plan(dataset: dict, sharding: dict, on_shard=None, cache_dir=None, prev
     time are in memory. With ``cache_dir``, a JSON Lines manifest keeps its columns there and, when only
     appended to since, reads just its new lines; then the leading shards of ``previous`` (the plan before)
     that hold the same items are kept as they were, and ``on_shard`` is not called for them."""
-    with _collector_paused():
-        signature = input_signature(dataset, sharding)
-        manifest = scan_manifest(dataset, cache_dir)
-        counts = shard_counts(manifest, sharding)
-        known = not manifest.missing
-        kept = _kept_shards(previous, counts, manifest, known)
-        if cache_dir is not None:
-            manifest.save(cache_dir, signature)
-        records = previous["shards"][:kept] if kept else []
-        for n, rows in enumerate(manifest.shards(counts[kept:], sum(counts[:kept])), kept):
-            keys = rows.keys
-            records.append({
-                "shard": n,
-                "items": len(keys),
-                "seconds": rows.total_seconds() if known else None,
-                "keys_digest": keys_digest(keys),
-                "records": rows.records_digests(),
-                "first_key": keys[0],
-                "last_key": keys[-1],
-            })
-            if on_shard is not None:
-                on_shard(n, rows)
-        return {
-            "format": PLAN_FORMAT,
-            "dataset": dataset,
-            "sharding": sharding,
-            "signature": signature,
-            "num_items": manifest.num_items,
-            "total_seconds": round(sum(manifest.seconds), 3) if known else None,
-            "num_shards": len(counts),
-            "shards": records,
-        }
+    signature = input_signature(dataset, sharding)
+    manifest = scan_manifest(dataset, cache_dir)
+    counts = shard_counts(manifest, sharding)
+    known = not manifest.missing
+    kept = _kept_shards(previous, counts, manifest, known)
+    if cache_dir is not None:
+        manifest.save(cache_dir, signature)
+    records = previous["shards"][:kept] if kept else []
+    for n, rows in enumerate(manifest.shards(counts[kept:], sum(counts[:kept])), kept):
+        keys = rows.keys
+        records.append({
+            "shard": n,
+            "items": len(keys),
+            "seconds": rows.total_seconds() if known else None,
+            "keys_digest": keys_digest(keys),
+            "records": rows.records_digests(),
+            "first_key": keys[0],
+            "last_key": keys[-1],
+        })
+        if on_shard is not None:
+            on_shard(n, rows)
+    return {
+        "format": PLAN_FORMAT,
+        "dataset": dataset,
+        "sharding": sharding,
+        "signature": signature,
+        "num_items": manifest.num_items,
+        "total_seconds": round(sum(manifest.seconds), 3) if known else None,
+        "num_shards": len(counts),
+        "shards": records,
+    }
 
 
 def _kept_shards(previous: dict | None, counts: list[int], manifest, known: bool) -> int:
@@ -185,19 +182,6 @@ def _kept_shards(previous: dict | None, counts: list[int], manifest, known: bool
             break
         kept += 1
     return kept
-
-
-@contextmanager
-def _collector_paused():
-    """Planning makes millions of short-lived objects and no cycles; the cyclic collector's passes over them
-    took most of a cold plan's time at 1,000,000 keys (bench/RESULTS.md section 21)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> dict:
