@@ -90,3 +90,15 @@ def case_dirs(work: Path, cases, keys: list[str]) -> dict:
         dirs[name].mkdir(parents=True)
         (dirs[name] / "keys").write_text(keys_text(keys), encoding="utf-8")
     return dirs
+
+
+def measured(cmd: list[str], cwd, env=None) -> tuple[float, float, str]:
+    """(wall s, peak RSS MB of the process, its stdout and stderr) of one run of ``cmd``; exits if it fails."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"{' '.join(cmd)} failed in {cwd}:\n{out[-4000:]}")
+    return wall, usage.ru_maxrss / 1024, out

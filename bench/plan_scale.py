@@ -20,14 +20,12 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
-from benchlib import TOY_STAGE_MODULE, fresh_project, machine_info
+from benchlib import TOY_STAGE_MODULE, fresh_project, machine_info, measured
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "bench" / "work" / "plan_scale"
@@ -67,18 +65,6 @@ def project(n: int) -> Path:
                                    "datasets": ["big"], "sharding": {"shard_size": 10000}}}}
     (wd / "config/config.yaml").write_text(yaml.safe_dump(config))
     return wd
-
-
-def measured(cmd: list[str], cwd: Path) -> tuple[float, float, str]:
-    """(wall s, peak RSS MB of the process, its output) of one run; exits if it fails."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"{' '.join(cmd)} failed in {cwd}:\n{out[-4000:]}")
-    return wall, usage.ru_maxrss / 1024, out
 
 
 def main() -> None:

@@ -19,14 +19,13 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import yaml
 
-from benchlib import fresh_project, machine_info
+from benchlib import fresh_project, machine_info, measured
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "bench" / "work" / "scale_keys"
@@ -67,19 +66,6 @@ def make_dir(path: Path, n: int) -> Path:
                                    "datasets": ["big"], "sharding": {"shard_size": 10000}}}}
     (path / "config/config.yaml").write_text(yaml.safe_dump(config))
     return path
-
-
-def measured(cmd: list[str], cwd: Path, env=None) -> tuple[float, float, str]:
-    """(wall s, peak RSS MB, stdout+stderr) of one run of ``cmd``; exits if it fails."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed in {cwd}:\n{out[-4000:]}")
-    return wall, usage.ru_maxrss / 1024, out
 
 
 def main() -> None:

@@ -321,3 +321,37 @@ def test_an_audio_file_gone_since_the_plan_before_is_named_with_its_key_and_line
         f.write(json.dumps({"key": "k6", "duration": 1.0}) + "\n")
     with pytest.raises(DataError, match=re.escape(f"1 audio file(s) not found: key 'k3': {wav} ({path}:4)")):
         ensure_plan(tmp_path / "set", spec, {"num_shards": 2})
+
+
+def test_kept_shards_with_an_unreadable_audio_list_are_planned_anew(tmp_path):
+    """The shards kept on an append take their audio lists from audio_files.json; edited into something that does
+    not read, every shard is planned anew rather than left without one."""
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"key": f"k{i:02d}", "audio": WAVS[i % 10], "duration": 1.0}) + "\n"
+                            for i in range(40)))
+    spec = {"path": str(path), "format": "jsonl"}
+    set_dir = tmp_path / "set"
+    ensure_plan(set_dir, spec, {"shard_size": 8})
+    (set_dir / "audio_files.json").write_text('[["only one shard"]]\n')
+    with open(path, "a") as f:
+        f.write(json.dumps({"key": "k40", "audio": WAVS[0], "duration": 1.0}) + "\n")
+    ensure_plan(set_dir, spec, {"shard_size": 8})
+    assert written_files(set_dir) == reference_files(spec, {"shard_size": 8})
+
+
+@pytest.mark.parametrize("sharding_after", [{"shard_size": 4}, {"num_shards": 3}])
+def test_the_kept_columns_hold_the_manifests_durations_not_those_read_from_headers(tmp_path, sharding_after):
+    """A manifest without durations, planned by seconds (durations then read from the audio headers), then by
+    count after lines were appended: the columns read back still say 'no duration', so the plan holds no seconds,
+    as a whole read's does."""
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"key": f"k{i:02d}", "audio": WAVS[i % 10]}) + "\n" for i in range(20)))
+    spec = {"path": str(path), "format": "jsonl"}
+    set_dir = tmp_path / "set"
+    ensure_plan(set_dir, spec, {"shard_seconds": 6})
+    with open(path, "a") as f:
+        f.write(json.dumps({"key": "k20", "audio": WAVS[0]}) + "\n")
+    ensure_plan(set_dir, spec, sharding_after)
+    expected = reference_files(spec, sharding_after)
+    written = written_files(set_dir)  # and split dirs of the first plan's extra shards, left as always
+    assert {name: written[name] for name in expected} == expected

@@ -310,8 +310,7 @@ def bad_key(key: str) -> bool:
 def validate_keys(items: list[Item], name: str) -> None:
     bad = [i for i in items if bad_key(i.key)]
     if bad:
-        listed = ", ".join(f"{i.key!r} ({i.source})" for i in bad[:MAX_LISTED])
-        raise DataError(f"{len(bad)} key(s) are empty or contain whitespace or control characters: {listed}")
+        raise bad_keys_error(len(bad), [f"{i.key!r} ({i.source})" for i in bad[:MAX_LISTED]])
     first_seen: dict[str, str] = {}
     dupes = []
     for item in items:
@@ -321,6 +320,16 @@ def validate_keys(items: list[Item], name: str) -> None:
             first_seen[item.key] = item.source
     if dupes:
         raise duplicate_keys_error(dupes)
+
+
+def bad_keys_error(count: int, listed: list[str]) -> DataError:
+    """``count`` keys that ``bad_key`` refuses, the first MAX_LISTED of them described in ``listed``."""
+    return DataError(f"{count} key(s) are empty or contain whitespace or control characters: " + ", ".join(listed))
+
+
+def missing_audio_error(count: int, listed: list[str]) -> DataError:
+    """``count`` audio files not found, the first MAX_LISTED of them described in ``listed``."""
+    return DataError(f"{count} audio file(s) not found: " + ", ".join(listed))
 
 
 def duplicate_keys_error(dupes: list[str]) -> DataError:
@@ -335,8 +344,7 @@ def check_audio_exists(items: list[Item]) -> None:
     """Fail before any job runs if a plain audio path is missing (pipes are not checked)."""
     missing = [i for i in items if i.audio and not is_pipe(i.audio) and not os.path.exists(i.audio)]
     if missing:
-        listed = ", ".join(f"key {i.key!r}: {i.audio} ({i.source})" for i in missing[:MAX_LISTED])
-        raise DataError(f"{len(missing)} audio file(s) not found: {listed}")
+        raise missing_audio_error(len(missing), [f"key {i.key!r}: {i.audio} ({i.source})" for i in missing[:MAX_LISTED]])
 
 
 def fill_durations(items: list[Item]) -> None:

@@ -33,9 +33,9 @@ from bisect import bisect_right
 from contextlib import suppress
 from itertools import chain, islice, repeat
 
-from snakeshard.core.data import (JSONL_RECORD, MAX_LISTED, Item, bad_key, check_audio_exists, duplicate_keys_error,
-                                  empty_dataset_error, fill_durations, is_pipe, jsonl_record, jsonl_values, read_items,
-                                  source_spec, utf8_error)
+from snakeshard.core.data import (JSONL_RECORD, MAX_LISTED, Item, bad_key, bad_keys_error, check_audio_exists,
+                                  duplicate_keys_error, empty_dataset_error, fill_durations, is_pipe, jsonl_record,
+                                  jsonl_values, missing_audio_error, read_items, source_spec, utf8_error)
 from snakeshard.core.fingerprint import digest
 from snakeshard.errors import DataError
 from snakeshard.io.atomic import atomic_write_text
@@ -75,8 +75,9 @@ class Rows:
         """The plain audio files the shard reads, each once, in order (pipes are covered by their command text)."""
         return list(dict.fromkeys(a for a in self.audio if a and not is_pipe(a)))
 
-    def total_seconds(self) -> float | None:
-        return None if None in self.seconds else round(sum(self.seconds), 3)
+    def total_seconds(self) -> float:
+        """The shard's seconds, rounded as plan.json holds them (asked only when every duration is known)."""
+        return round(sum(self.seconds), 3)
 
 
 class ItemsManifest:
@@ -125,8 +126,7 @@ class JsonlManifest:
     def __init__(self, path: str, spec: dict, cache_dir=None):
         self.path = path
         self.fields = [spec.get("key_field", "key"), spec.get("audio_field", "audio"),
-                       spec.get("duration_field", "duration")]
-        self.key_field, self.audio_field, self.duration_field = self.fields
+                       spec.get("duration_field", "duration")]  # key, audio, duration
         self.key_blocks: list[str] = []  # per block, its keys joined by "\n" (keys hold no control character)
         self.audio_blocks: list[list | None] = []  # per block, its audio paths (None: the block names none)
         self.blocks: list[list[int]] = []  # per block: [byte offset, first line number, first item, items]
@@ -171,11 +171,10 @@ class JsonlManifest:
         if not self.num_items:
             raise empty_dataset_error(spec, path, path)
         if bad_keys:
-            raise DataError(f"{bad_key_count} key(s) are empty or contain whitespace or control characters: "
-                            + ", ".join(bad_keys))
+            raise bad_keys_error(bad_key_count, bad_keys)
         self._check_unique()
         if absent:
-            raise DataError(f"{absent_count} audio file(s) not found: " + ", ".join(absent))
+            raise missing_audio_error(absent_count, absent)
 
     # -- pass 1 ---------------------------------------------------------------------------------------
 
@@ -230,7 +229,7 @@ class JsonlManifest:
         except json.JSONDecodeError:
             records = None
         if records is not None and set(map(type, records)) == {dict}:
-            key_field, audio_field, duration_field = self.key_field, self.audio_field, self.duration_field
+            key_field, audio_field, duration_field = self.fields
             keys = [r.get(key_field) for r in records]
             audio = [r.get(audio_field) for r in records]
             seconds = [r.get(duration_field) for r in records]
@@ -398,13 +397,13 @@ class JsonlManifest:
         start = first_item
         prefix = f"{self.path}:"
         for count in counts:
-            parts = []
-            while sum(len(p[0]) for p in parts) < count:
+            parts, need = [], count
+            while need:
                 if block is None or at == len(block[0]):
                     block, at = next(columns), 0
-                take = min(count - sum(len(p[0]) for p in parts), len(block[0]) - at)
+                take = min(need, len(block[0]) - at)
                 parts.append([column[at:at + take] for column in block])
-                at += take
+                at, need = at + take, need - take
             keys, numbers, lines, audio = parts[0] if len(parts) == 1 else [
                 list(chain.from_iterable(p[i] for p in parts)) for i in range(4)]
             seconds = self.seconds[start:start + count].tolist()

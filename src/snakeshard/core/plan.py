@@ -193,7 +193,7 @@ def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> di
     """
     set_dir = Path(set_dir)
     plan_path = set_dir / "plan.json"
-    previous = previous_audio = None
+    previous = None
     try:
         plan = json.loads(plan_path.read_text())
         # os.path on strings, not Path objects: this runs at every parse, 10,000 checks at 10,000 shards
@@ -204,7 +204,7 @@ def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> di
             if plan.get("signature") == input_signature(dataset, sharding):
                 return plan
             if (plan.get("format"), plan.get("dataset"), plan.get("sharding")) == (PLAN_FORMAT, dataset, sharding):
-                previous, previous_audio = plan, read_audio_files(set_dir)  # its leading shards may stand
+                previous = plan  # its leading shards may stand
     except (FileNotFoundError, json.JSONDecodeError, KeyError):
         pass
     audio = []
@@ -216,7 +216,16 @@ def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> di
 
     plan = make_plan(dataset, sharding, on_shard=write_shard, cache_dir=set_dir, previous=previous)
     kept = plan["num_shards"] - len(audio)
-    atomic_write_json(set_dir / AUDIO_FILES, (previous_audio or [])[:kept] + audio, fsync=False)
+    if kept:  # shards kept from the plan before keep their audio lists, read only now that some are kept
+        try:
+            before = read_audio_files(set_dir)
+            if len(before) < kept:
+                raise ValueError(f"{AUDIO_FILES} lists {len(before)} shards")
+            audio[:0] = before[:kept]
+        except (OSError, ValueError):  # unreadable (edited by hand): every shard is planned anew
+            audio.clear()
+            plan = make_plan(dataset, sharding, on_shard=write_shard, cache_dir=set_dir)
+    atomic_write_json(set_dir / AUDIO_FILES, audio, fsync=False)
     atomic_write_json(plan_path, plan)  # last: a plan.json on disk means its other files are written
     return plan
 
