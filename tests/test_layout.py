@@ -1,6 +1,6 @@
-"""Results do not depend on the shard layout: every stage of the shipped config, run over 1, 2 and 8 shards
-(and, where its forward takes batches, unbatched, by count and by seconds sorted by length), merges to the
-same bytes. A model that carries state from one item to the next (a decoder's running normalisation, an
+"""Results do not depend on the shard layout: every stage of the shipped config, run unbatched over 1, 2 and 8
+shards and, where its forward takes batches, over 2 shards by count and by seconds sorted by length, merges to
+the same bytes. A model that carries state from one item to the next (a decoder's running normalisation, an
 RNN state kept between calls) gives a key another result when it is the first of a shard, and fails here.
 
 The stages come from config/config.yaml itself, so a stage added to the shipped config is checked too.
@@ -23,6 +23,10 @@ pytestmark = pytest.mark.slow
 
 SHIPPED_STAGES = yaml.safe_load((PROJECT / "config/config.yaml").read_text())["stages"]
 SHARD_COUNTS = (1, 2, 8)
+# Batchings are checked on 2 shards of the 10 demo keys (batches of 3 + 2 in each: a short batch at every shard's
+# end), not on every shard count: 8 shards of 1-2 keys never fill a batch, and 1 shard adds no boundary.
+# (Was: every batching on every shard count, 33 shard jobs per batched stage for the same coverage, 15 now.)
+BATCHED_SHARDS = 2
 BATCHINGS = {"unbatched": {"batch_size": None, "batch_seconds": None, "sort_by_length": False},
              "count3": {"batch_size": 3, "batch_seconds": None, "sort_by_length": False},
              "seconds8sorted": {"batch_size": None, "batch_seconds": 8, "sort_by_length": True}}
@@ -41,12 +45,18 @@ def batchings(stage: dict) -> list[str]:
     return list(BATCHINGS) if batches else ["unbatched"]
 
 
+def shapes(stage: dict) -> list[tuple[int, str]]:
+    """(shards, batching) of a stage's variants; the first, one shard unbatched, is what the others must equal."""
+    return ([(n, "unbatched") for n in SHARD_COUNTS]
+            + [(BATCHED_SHARDS, batching) for batching in batchings(stage) if batching != "unbatched"])
+
+
 def layouts(config: dict) -> dict[str, dict[str, dict]]:
     """Per shipped stage, its variants: name -> stage config (num_shards and batching replaced)."""
     variants = {}
     for name, stage in config["stages"].items():
         variants[name] = {f"{name}_s{n}_{batching}": {**stage, **BATCHINGS[batching], "sharding": {"num_shards": n}}
-                          for n in SHARD_COUNTS for batching in batchings(stage)}
+                          for n, batching in shapes(stage)}
     return variants
 
 
@@ -106,11 +116,11 @@ def test_every_shipped_stage_is_in_the_check(layout_run):
     wd, shipped, variants = layout_run
     assert set(variants) == set(shipped) and len(shipped) >= 5
     for name, stage in shipped.items():
-        assert len(variants[name]) == len(SHARD_COUNTS) * len(batchings(stage))
+        assert len(variants[name]) == len(SHARD_COUNTS) + len(batchings(stage)) - 1
 
 
 @pytest.mark.parametrize("stage", list(SHIPPED_STAGES))
-def test_merged_outputs_are_the_same_for_1_2_8_shards_and_every_batching(layout_run, stage):
+def test_merged_outputs_are_the_same_for_1_2_8_shards_and_every_batching_on_2(layout_run, stage):
     wd, shipped, variants = layout_run
     runner = shipped[stage]["runner"]
     for dataset in shipped[stage]["datasets"]:
