@@ -181,11 +181,43 @@ def copy_workflow(wd: Path) -> Path:
     return wd
 
 
+def once_per_session(tmp_path_factory, name: str, compute):
+    """``compute(directory)``'s result, computed once in the whole test session, whichever xdist worker asks first.
+
+    A reference run that tests in two modules compare against (the digits recipe, an uninterrupted training) would
+    otherwise run once per worker that holds such a module. The first worker to ask runs ``compute`` in a
+    directory of its own while holding a lock beside the workers' temp dirs; the others wait on that lock and read
+    the pickled result. A compute that fails leaves no result: the next worker to ask runs it again (and fails the
+    same way, in its own test)."""
+    import fcntl
+    import os
+    import pickle
+
+    base = tmp_path_factory.getbasetemp()
+    # under xdist every worker's basetemp (popen-gwN) sits in one directory of this session; without it, our own
+    home = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "once_per_session"
+    home.mkdir(exist_ok=True)
+    result = home / f"{name}.pickle"
+    with open(home / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when this worker dies
+        if not result.exists():
+            directory = home / name
+            shutil.rmtree(directory, ignore_errors=True)  # a compute that failed before
+            directory.mkdir()
+            value = compute(directory)
+            partial = result.with_suffix(".partial")
+            partial.write_bytes(pickle.dumps(value))
+            partial.replace(result)
+        return pickle.loads(result.read_bytes())
+
+
 @pytest.fixture(scope="session")
 def clean_demo_text(tmp_path_factory) -> bytes:
     """The merged demo hypotheses of one uninterrupted local run, to compare other runs against."""
-    wd = copy_workflow(tmp_path_factory.mktemp("clean") / "wf")
-    write_config(wd, keep_only_stage(read_config(wd), "asr"))
-    run = run_snakemake(wd)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return (wd / "results/asr/demo/text").read_bytes()
+    def compute(directory: Path) -> bytes:
+        wd = copy_workflow(directory / "wf")
+        write_config(wd, keep_only_stage(read_config(wd), "asr"))
+        run = run_snakemake(wd)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return (wd / "results/asr/demo/text").read_bytes()
+    return once_per_session(tmp_path_factory, "clean_demo_text", compute)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PROJECT, wait_for
+from conftest import PROJECT, once_per_session, wait_for
 
 FSDD = Path(os.environ.get("SNAKESHARD_FSDD", PROJECT.parent / "shared/data/fsdd/recordings"))
 pytestmark = pytest.mark.skipif(not FSDD.is_dir() or not any(FSDD.glob("*.wav")),
@@ -58,16 +58,13 @@ def job_counts(dry_run: subprocess.CompletedProcess) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m[1] != "total"}
 
 
-_LOCAL: dict[str, dict] = {}
-
-
 def local_reference(tmp_path_factory) -> dict:
-    """The README's recipe block, run as written in bash (once per session) from a directory where ``fsdd/``
-    links FSDD's recordings: the project, each command's output, the seconds it took, the final outputs' bytes."""
-    if "run" not in _LOCAL:
+    """The README's recipe block, run as written in bash (once per session, shared with tests/test_slurm.py) from a
+    directory where ``fsdd/`` links FSDD's recordings: the project, each command's output, the seconds it took, the
+    final outputs' bytes."""
+    def compute(home: Path) -> dict:
         from doc_blocks import doc_block
 
-        home = tmp_path_factory.mktemp("recipe")
         (home / "fsdd").mkdir()
         (home / "fsdd/recordings").symlink_to(FSDD.resolve())
         block = doc_block("README.md", "bash", "snakeshard init --recipe digits")
@@ -78,9 +75,9 @@ def local_reference(tmp_path_factory) -> dict:
         seconds = time.monotonic() - start
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         wd = home / "digits"
-        _LOCAL["run"] = {"wd": wd, "seconds": seconds, "stderr": proc.stderr, "bytes": final_bytes(wd),
-                         "outputs": dict(re.findall(r"^@@@ (.*)\n((?:(?!@@@ ).*\n)*)", proc.stdout, re.M))}
-    return _LOCAL["run"]
+        return {"wd": wd, "seconds": seconds, "stderr": proc.stderr, "bytes": final_bytes(wd),
+                "outputs": dict(re.findall(r"^@@@ (.*)\n((?:(?!@@@ ).*\n)*)", proc.stdout, re.M))}
+    return once_per_session(tmp_path_factory, "digits_recipe", compute)
 
 
 def shown_outputs() -> dict[str, list[str]]:

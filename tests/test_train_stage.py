@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PROJECT, copy_workflow, run_cli, run_snakemake, wait_for
+from conftest import PROJECT, copy_workflow, once_per_session, run_cli, run_snakemake, wait_for
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).parent))
@@ -103,18 +103,16 @@ def interrupt_at(wd: Path, step: int, sig: int) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, driver.returncode, out, "")
 
 
-_REFERENCE: dict[int, dict] = {}
-
-
 def reference(tmp_path_factory, threads: int) -> dict:
-    """An uninterrupted run's training outputs (per torch thread count), computed once per session."""
-    if threads not in _REFERENCE:
-        wd = make_project(tmp_path_factory.mktemp(f"reference{threads}") / "p")
+    """An uninterrupted run's training outputs (per torch thread count), computed once per session (shared with
+    tests/test_slurm.py)."""
+    def compute(directory: Path) -> dict:
+        wd = make_project(directory / "p")
         set_training(wd, threads=threads)
         result = run_snakemake(wd, TRAIN_TARGET)
         assert result.returncode == 0, result.stderr[-3000:]
-        _REFERENCE[threads] = outputs(wd)
-    return _REFERENCE[threads]
+        return outputs(wd)
+    return once_per_session(tmp_path_factory, f"training_reference_{threads}_threads", compute)
 
 
 def test_train_infer_score_then_a_model_change_reruns_training_inference_and_scoring_only(tmp_path):
