@@ -56,6 +56,15 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: not item.get_closest_marker("slurm"))
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n logical` (pyproject.toml's addopts): one worker more than the CPUs. The SLURM module's worker spends most
+    of its time waiting on the cluster (its jobs' status is polled every second), and other tests wait on sleeps
+    and kills; a third worker fills those waits on 2 cores."""
+    import psutil
+
+    return (psutil.cpu_count(logical=True) or 1) + 1
+
+
 def pytest_configure(config):
     # Once, in the process that starts the workers (they have `workerinput`), before any test runs: installing a
     # package while other workers' snakemake runs import the plugin registry would race them.
