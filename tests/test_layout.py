@@ -25,7 +25,7 @@ SHIPPED_STAGES = yaml.safe_load((PROJECT / "config/config.yaml").read_text())["s
 SHARD_COUNTS = (1, 2, 8)
 # Batchings are checked on 2 shards of the 10 demo keys (batches of 3 + 2 in each: a short batch at every shard's
 # end), not on every shard count: 8 shards of 1-2 keys never fill a batch, and 1 shard adds no boundary.
-# (Was: every batching on every shard count, 33 shard jobs per batched stage for the same coverage, 15 now.)
+# (Was: every batching on every shard count: 33 shard jobs per batched stage, 15 now.)
 BATCHED_SHARDS = 2
 BATCHINGS = {"unbatched": {"batch_size": None, "batch_seconds": None, "sort_by_length": False},
              "count3": {"batch_size": 3, "batch_seconds": None, "sort_by_length": False},
