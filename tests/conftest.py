@@ -51,7 +51,7 @@ class UpperRunner(BaseRunner):
 # a whole module at a time, so a module-scoped fixture runs once, and the SLURM tests (all in test_slurm.py) never
 # queue on the one-node cluster beside each other.
 def pytest_collection_modifyitems(config, items):
-    # The SLURM tests first: their module is the longest (~18 of the 26 minutes here, mostly waiting on the
+    # The SLURM tests first: their module is the longest (~18 of the 26-29 minutes here, mostly waiting on the
     # cluster), and modules are handed out in this order (`--no-loadscope-reorder`), so the others run beside it,
     # not after it.
     items.sort(key=lambda item: not item.get_closest_marker("slurm"))
