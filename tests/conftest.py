@@ -82,26 +82,79 @@ def slurm_cluster_up() -> bool:
         return False
 
 
-def install_slurm_extra_when_a_cluster_answers() -> None:
-    """The `slurm` extra (the executor plugin), installed into this venv when a cluster answers and it is missing:
-    the README's commands do not install it, so that local runs never load it."""
+# The `slurm` extra (the executor plugins) lives here, outside the venv, and only the snakemake runs that use the
+# slurm profile see it (`slurm_env`). Snakemake imports every executor plugin it can find at each start, and this
+# one imports pandas: in the venv, every local snakemake run of the suite paid ~0.4 s of CPU for it
+# (bench/RESULTS.md section 24); here the local runs are what a user without the extra runs.
+SLURM_EXTRA = PROJECT / "build" / "slurm-extra"
+
+
+def slurm_extra_available() -> bool:
+    """The slurm plugin is importable with ``slurm_env()``: in SLURM_EXTRA, or installed in the venv by hand."""
     import importlib.util
+
+    return ((SLURM_EXTRA / "snakemake_executor_plugin_slurm" / "__init__.py").is_file()
+            or importlib.util.find_spec("snakemake_executor_plugin_slurm") is not None)
+
+
+def slurm_env() -> dict:
+    """The environment for a snakemake run with the slurm profile: SLURM_EXTRA on PYTHONPATH (a SLURM job inherits
+    it: the plugin submits with --export=ALL, and the job's own snakemake needs the jobstep plugin)."""
+    import os
+
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SLURM_EXTRA), os.environ.get("PYTHONPATH")]))}
+
+
+def install_slurm_extra_when_a_cluster_answers() -> None:
+    """The `slurm` extra, installed into SLURM_EXTRA when a cluster answers and the plugin is nowhere: the plugins
+    (``snakemake-executor-plugin-*``) there, their other requirements (pandas, ...) into the venv, where they cost
+    nothing until imported. The README's commands do not install it, so that local runs never load it."""
+    import importlib.metadata
     import tomllib
 
-    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is not None or not slurm_cluster_up():
+    from packaging.requirements import Requirement
+
+    if slurm_extra_available() or not slurm_cluster_up():
         return
     # the extra's requirements as pyproject.toml pins them (not `-e .[slurm]`: that would reinstall snakeshard)
-    extra = tomllib.loads((PROJECT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["slurm"]
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *extra],
+    wanted = tomllib.loads((PROJECT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["slurm"]
+    staging = SLURM_EXTRA.with_name(SLURM_EXTRA.name + ".partial")  # renamed when complete: a cut install is redone
+    shutil.rmtree(staging, ignore_errors=True)
+    plugins, others, done = list(wanted), [], set()
+    while plugins:  # the plugins with --no-deps, then what they require: plugins here, the rest to the venv
+        pip("--target", str(staging), "--no-deps", *plugins)
+        done.update(Requirement(r).name for r in plugins)
+        plugins = []
+        for dist in importlib.metadata.distributions(path=[str(staging)]):
+            for line in dist.requires or ():
+                req = Requirement(line)
+                if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                    continue
+                if req.name.startswith("snakemake-executor-plugin-"):
+                    if req.name not in done:
+                        plugins.append(line)
+                        done.add(req.name)
+                elif line not in others:
+                    others.append(line)
+    if others:
+        pip(*others)
+    shutil.rmtree(SLURM_EXTRA, ignore_errors=True)
+    staging.rename(SLURM_EXTRA)
+
+
+def pip(*args: str) -> None:
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args],
                              capture_output=True, text=True, timeout=600)
     if install.returncode != 0:
-        raise pytest.UsageError("installing the slurm extra failed:\n" + install.stderr[-3000:])
+        raise pytest.UsageError(f"installing the slurm extra failed (pip install {' '.join(args)}):\n"
+                                + install.stderr[-3000:])
 
 
 def run_snakemake(workdir: Path, *args: str, timeout: int = 600, profile: str = "local") -> subprocess.CompletedProcess:
     """Run the real snakemake CLI in ``workdir`` with a profile; returns the completed process (never raises)."""
     cmd = [sys.executable, "-m", "snakemake", "--profile", f"config/profiles/{profile}", "--cores", "2", *args]
-    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout,
+                          env=slurm_env() if profile == "slurm" else None)
 
 
 def run_cli(workdir: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:

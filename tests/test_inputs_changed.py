@@ -278,6 +278,21 @@ def test_appending_keys_runs_only_the_new_and_last_shards(tmp_path):
     assert rerun(wd) == {5, 6}  # shard 5 held 5 keys and takes 5 more; 6 is new
 
 
+def test_removing_a_key_reruns_its_shard_and_the_shards_after_it(tmp_path):
+    """What docs/failures-and-reruns.md says of a line deleted from wav.scp (a bad utterance taken out): with
+    shard_size, the shards before it stay; its shard and every later one hold other keys now, and rerun."""
+    wd = make_audio_project(tmp_path / "wf")
+    lines = [f"a{i:02d} data/six/wav/k{i % 6}.wav\n" for i in range(60)]
+    (wd / "data/six/wav.scp").write_text("".join(lines))
+    (wd / "data/six/text").unlink()
+    config = read_config(wd)
+    config["stages"]["energy"]["sharding"] = {"shard_size": 10}
+    write_config(wd, config)
+    assert run_snakemake(wd).returncode == 0
+    (wd / "data/six/wav.scp").write_text("".join(lines[:25] + lines[26:]))  # a25, in shard 2, taken out
+    assert rerun(wd) == {2, 3, 4, 5}
+
+
 def test_shipped_configs_shard_stably():
     """The demo config and the project template use sharding that keeps shards when keys are appended."""
     from conftest import PROJECT

@@ -262,6 +262,26 @@ def test_missing_recordings_dir_fails_naming_the_key(tmp_path):
     assert not (tmp_path / "downloads").exists() and not (tmp_path / "data").exists()
 
 
+def test_a_recipe_without_data_where_nothing_downloads_ends_with_one_error_line(tmp_path):
+    """`snakeshard init --recipe digits` without --data, where the release cannot be fetched (no network): the
+    parse ends with the download's one `snakeshard: error:` line naming fsdd.url and --data, no traceback (it
+    printed Snakemake's "DataError in file .../Snakefile" and the frames of fsdd.py), and leaves no data dir."""
+    wd = tmp_path / "digits"
+    init_recipe("digits", wd)
+    config = wd / "config/config.yaml"
+    url = (tmp_path / "nowhere.tar.gz").as_uri()  # fails as an unreachable host does: an OSError from urlretrieve
+    config.write_text(config.read_text().replace("  split: takes", f"  url: {url}\n  split: takes", 1))
+    run = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "profiles/local", "-n"], cwd=wd,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stderr[-3000:]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("snakeshard: error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"snakeshard: error: fsdd.url: could not download {url}: "), \
+        run.stderr[-3000:]
+    assert "--data PATH" in errors[0]
+    assert "Traceback" not in run.stderr and "DataError" not in run.stderr, run.stderr[-3000:]
+    assert not (wd / "data").exists()
+
+
 # -- the download (a file:// URL: no network) -------------------------------------------------------------------
 
 PREFIX = "free-spoken-digit-dataset-1.0.10"

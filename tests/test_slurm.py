@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import keep_only_stage, read_config, run_cli, slurm_cluster_up, write_config
+from conftest import keep_only_stage, read_config, run_cli, slurm_cluster_up, slurm_env, write_config
 from test_first_contact import MISSING_ENV
 
 pytestmark = [
@@ -33,7 +33,8 @@ def slurm_command(*args: str, limit: int) -> list[str]:
 
 
 def run_slurm(workdir: Path, *args: str, limit: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(slurm_command(*args, limit=limit), cwd=workdir, capture_output=True, text=True)
+    return subprocess.run(slurm_command(*args, limit=limit), cwd=workdir, capture_output=True, text=True,
+                          env=slurm_env())
 
 
 def submitted(output: str) -> dict[str, str]:
@@ -118,7 +119,7 @@ def test_scancel_of_a_running_shard_is_reported_and_rerun_recovers(toy_workdir):
     """scancel of shard 0's running job: the run fails naming that job as CANCELLED; a rerun resubmits it and merges."""
     set_stage(toy_workdir, "upper", provider_config={"item_delay": 1.0}, fingerprint_ignore=["item_delay"])
     driver = subprocess.Popen(slurm_command(limit=300), cwd=toy_workdir, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+                              stderr=subprocess.STDOUT, text=True, env=slurm_env())
     seen = []
     victim = None
     for line in driver.stdout:  # read the submission lines as they come
@@ -195,7 +196,7 @@ def test_driver_killed_then_its_jobs_cancelled_by_run_id_and_one_rerun_submits_e
 
     set_stage(toy_workdir, "upper", provider_config={"item_delay": 1.0}, fingerprint_ignore=["item_delay"])
     driver = subprocess.Popen(slurm_command(limit=300), cwd=toy_workdir, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+                              stderr=subprocess.STDOUT, text=True, env=slurm_env())
     seen = []
     for line in driver.stdout:  # until the four shard jobs are submitted
         seen.append(line)
@@ -251,7 +252,7 @@ def test_training_stopped_by_scancel_signal_term_and_by_its_time_limit_resumes_t
     wd = make_project(tmp_path / "p", step_delay=0.25)
     set_training(wd, retries=2)
     driver = subprocess.Popen(slurm_command(TRAIN_TARGET, limit=400), cwd=wd, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+                              stderr=subprocess.STDOUT, text=True, env=slurm_env())
     try:
         deadline = time.time() + 300
         while steps_done(wd) < 8 and driver.poll() is None and time.time() < deadline:
@@ -291,7 +292,7 @@ def test_the_digits_recipe_on_slurm_gives_the_local_metrics_json(tmp_path, tmp_p
     want = local_reference(tmp_path_factory)
     wd = init(tmp_path / "digits")
     run = subprocess.run(["timeout", "-k", "10", "900", sys.executable, "-m", "snakemake", "--profile",
-                          "profiles/slurm", *FAST_STATUS], cwd=wd, capture_output=True, text=True)
+                          "profiles/slurm", *FAST_STATUS], cwd=wd, capture_output=True, text=True, env=slurm_env())
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     # 4 canaries, 6 fbank + 4 stats + 2 inference + 1 scoring shards, the training: each its own SLURM job (merges
     # and the report run locally)

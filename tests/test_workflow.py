@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import signal
@@ -13,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import keep_only_stage, read_config, run_cli, run_snakemake, shard_process, wait_for, write_config
+from conftest import (keep_only_stage, read_config, run_cli, run_snakemake, shard_process, slurm_extra_available,
+                      wait_for, write_config)
 
 SET = Path("results/asr/demo")
 TOY = Path("results/upper/toy")
@@ -64,9 +64,9 @@ def test_dry_run_lists_exactly_the_planned_shards(toy_workdir):
     assert table.returncode == 0 and "(6 shards)" in table.stdout and "utt035 .. utt039" in table.stdout
 
     slurm = run_snakemake(toy_workdir, "-n", profile="slurm")
-    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
-        # the README's venv, without the slurm extra (test_slurm installs it when a cluster answers): the
-        # profile is refused, naming the executor that is missing
+    if not slurm_extra_available():
+        # the README's venv, without the slurm extra (installed beside it when a cluster answers, see conftest):
+        # the profile is refused, naming the executor that is missing
         assert slurm.returncode != 0 and "invalid choice: 'slurm'" in slurm.stderr, slurm.stderr[-3000:]
     else:
         assert slurm.returncode == 0, slurm.stderr[-3000:]
@@ -94,6 +94,11 @@ def test_failing_shard_keeps_others_and_rerun_runs_only_it(toy_workdir):
     assert status.returncode == 0
     assert re.search(r"split\.1\s+failed", status.stdout) and "utt013" in status.stdout
     assert len(re.findall(r"split\.\d+\s+done", status.stdout)) == 3
+    # the end of the item's traceback, then the shard's error line (what docs/failures-and-reruns.md shows)
+    told = [line for line in status.stdout.splitlines() if line.startswith("      | ")]
+    assert len(told) == 4 and told[-1].startswith("      | snakeshard: error: shard 1 "), status.stdout
+    assert told[-3:-1] == ['      |     raise RuntimeError(f"asked to fail on {key}")',
+                           "      | RuntimeError: asked to fail on utt013"], status.stdout
 
     untouched = (toy_workdir / TOY / "split.0/done").read_bytes()
     config["stages"]["upper"]["provider_config"] = {}
@@ -183,6 +188,14 @@ def test_changed_provider_config_reruns_shards_and_merge_refuses_stale(toy_workd
     assert "shard 2 was computed with fingerprint 00000000000000000000" in merge_log
     assert not (toy_workdir / TOY / "merged.json").exists()
     assert (toy_workdir / TOY / "text").read_bytes() == before  # nothing already merged was overwritten
+    # status names the failed merge with its log and error line (it said "merged: no")
+    merged = [line for line in run_cli(toy_workdir, "status").stdout.splitlines() if line.startswith("  merged: ")]
+    assert merged[0].startswith(f"  merged: failed (log {TOY}/logs/merge.log): snakeshard: error: "), merged
+    assert "shard 2 was computed with fingerprint 00000000000000000000" in merged[0]
+    # shard 2 redone (its done removed: the merge is not current, so Snakemake reruns it) and merged: history
+    done_path.unlink()
+    assert run_snakemake(toy_workdir).returncode == 0
+    assert "  merged: yes, current" in run_cli(toy_workdir, "status").stdout.splitlines()
 
 
 def test_gpu_stage_without_visible_gpu_fails_at_job_start(toy_workdir):
@@ -225,9 +238,10 @@ def test_devices_reach_the_provider_as_the_jobs_own_allocation(toy_workdir):
 
 def test_stage_resources_reach_the_slurm_jobs(toy_workdir):
     """Per-stage SLURM resources in config appear on every shard job of the slurm profile's dry run; unset ones do not."""
-    # the profile needs the slurm extra, which test_slurm installs when a cluster answers (and only then: with
+    # the profile needs the slurm extra, which conftest installs when a cluster answers (and only then: with
     # the plugin and no controller every snakemake call stalls ~9 s)
-    pytest.importorskip("snakemake_executor_plugin_slurm", reason="the slurm extra is not installed")
+    if not slurm_extra_available():
+        pytest.skip("the slurm extra is not installed")
     config = read_config(toy_workdir)
     config["stages"]["upper"]["resources"] = {"mem_mb": 700, "runtime": 7, "cpus_per_task": 2,
                                               "slurm_partition": "debug", "constraint": "fast"}

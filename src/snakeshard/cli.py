@@ -123,9 +123,10 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple
         changed = [what for part, what in STALE_CAUSES.items() if part in had and had[part] != expected[part]]
         return "stale", "changed since it ran: " + (", ".join(changed) if changed else "its inputs, config or code")
     lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
-    own = [line for line in lines if line.startswith((f"{ERROR_PREFIX}shard {shard} ", f"{ERROR_PREFIX}shard {shard}:"))]
-    if own:  # a job's log of several shards: this shard's error line
-        return "failed", "\n".join("      | " + line for line in own)
+    own = [n for n, line in enumerate(lines) if line.startswith((f"{ERROR_PREFIX}shard {shard} ",
+                                                                   f"{ERROR_PREFIX}shard {shard}:"))]
+    if own:  # this shard's error line and the end of its traceback above it (a job's log may hold several shards)
+        return "failed", "\n".join("      | " + line for line in lines[max(0, own[-1] - 3):own[-1] + 1])
     tail = lines[-5:]
     if any(line.startswith(ERROR_PREFIX) for line in tail) or any("Error" in line for line in tail[-1:]):
         return "failed", "\n".join("      | " + line for line in tail)
@@ -145,6 +146,18 @@ def canary_failure(stage: str, canary: dict, log: Path) -> str | None:
     if not lines or lines[0] != canary_log_head(stage, canary["fingerprint"]) or not lines[-1].startswith(ERROR_PREFIX):
         return None
     return lines[-1]
+
+
+def merge_failure(set_dir: Path, log: Path) -> str | None:
+    """The error line of the set's last merge when it failed with its shards as they are now (its log ends in an
+    error and is newer than every shard's done); None otherwise (not run, succeeded, or shards ran again since)."""
+    if not log.is_file():
+        return None
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    if not lines or not lines[-1].startswith(ERROR_PREFIX):
+        return None
+    dones = [done.stat().st_mtime_ns for done in set_dir.glob("split.*/done")]
+    return None if dones and max(dones) > log.stat().st_mtime_ns else lines[-1]
 
 
 def merged_line(merged: str, set_dir: Path, stage: str, removed: bool) -> str:
@@ -193,7 +206,10 @@ def cmd_status(args) -> int:
             print(f"  split.{n:<5} {state:<10} {shard['items']:>7} items  {detail if state != 'failed' else ''}".rstrip())
             if state == "failed":
                 print(f"      log {log}:\n{detail}")
-        print("  merged: " + merged_line(merged, base, stage, bool(counts.get("removed"))))
+        merge_log = base / "logs" / "merge.log"  # the merge rule's log (workflow/rules/merge.smk)
+        failure = merge_failure(base, merge_log) if merged != "yes" else None
+        print("  merged: " + (f"failed (log {merge_log}): {failure}" if failure
+                              else merged_line(merged, base, stage, bool(counts.get("removed")))))
     for stage, training in wf.trainings.items():
         from snakeshard.train.stage import training_state
 

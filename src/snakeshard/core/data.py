@@ -324,16 +324,26 @@ def validate_keys(items: list[Item], name: str) -> None:
 
 def bad_keys_error(count: int, listed: list[str]) -> DataError:
     """``count`` keys that ``bad_key`` refuses, the first MAX_LISTED of them described in ``listed``."""
-    return DataError(f"{count} key(s) are empty or contain whitespace or control characters: " + ", ".join(listed))
+    return DataError(f"{count} key(s) are empty or contain whitespace or control characters: " + _listing(count, listed))
 
 
-def missing_audio_error(count: int, listed: list[str]) -> DataError:
-    """``count`` audio files not found, the first MAX_LISTED of them described in ``listed``."""
-    return DataError(f"{count} audio file(s) not found: " + ", ".join(listed))
+def missing_audio_error(count: int, listed: list[str], relative: bool = False) -> DataError:
+    """``count`` audio files not found, the first MAX_LISTED of them described in ``listed``; ``relative``: some of
+    them are relative paths (a wav.scp written for another directory is the usual cause, so the error says where
+    they were looked for)."""
+    where = (f" (relative audio paths are taken from the working directory {os.getcwd()}, as Kaldi takes them, "
+             "not from the directory of the file that lists them)") if relative else ""
+    return DataError(f"{count} audio file(s) not found: " + _listing(count, listed) + where)
 
 
 def duplicate_keys_error(dupes: list[str]) -> DataError:
-    return DataError(f"{len(dupes)} duplicate key(s): " + ", ".join(dupes[:MAX_LISTED]))
+    return DataError(f"{len(dupes)} duplicate key(s): " + _listing(len(dupes), dupes[:MAX_LISTED]))
+
+
+def _listing(count: int, listed: list[str]) -> str:
+    """The first offenders of ``count``, and how many more there are."""
+    more = count - len(listed)
+    return ", ".join(listed) + (f" and {more} more" if more > 0 else "")
 
 
 def _has_control(key: str) -> bool:
@@ -344,7 +354,8 @@ def check_audio_exists(items: list[Item]) -> None:
     """Fail before any job runs if a plain audio path is missing (pipes are not checked)."""
     missing = [i for i in items if i.audio and not is_pipe(i.audio) and not os.path.exists(i.audio)]
     if missing:
-        raise missing_audio_error(len(missing), [f"key {i.key!r}: {i.audio} ({i.source})" for i in missing[:MAX_LISTED]])
+        raise missing_audio_error(len(missing), [f"key {i.key!r}: {i.audio} ({i.source})" for i in missing[:MAX_LISTED]],
+                                  relative=any(not os.path.isabs(i.audio) for i in missing))
 
 
 def fill_durations(items: list[Item]) -> None:

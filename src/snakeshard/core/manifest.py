@@ -146,6 +146,7 @@ class JsonlManifest:
         bad_key_count = 0
         absent: list[str] = []
         absent_count = 0
+        absent_relative = False
         for block_offset, numbers, lines in self._lines(offset, first_line, self._sha):
             keys, audio, seconds = self._parse_block(numbers, lines)
             if not keys:  # a block of blank lines
@@ -160,6 +161,7 @@ class JsonlManifest:
                 for key, a, n in zip(keys, audio, numbers):
                     if a and not is_pipe(a) and not os.path.exists(a):
                         absent_count += 1
+                        absent_relative = absent_relative or not os.path.isabs(a)
                         if len(absent) < MAX_LISTED:
                             absent.append(f"key {key!r}: {a} ({path}:{n})")
             self.blocks.append([block_offset, numbers[0], self.num_items, len(keys)])
@@ -174,7 +176,7 @@ class JsonlManifest:
             raise bad_keys_error(bad_key_count, bad_keys)
         self._check_unique()
         if absent:
-            raise missing_audio_error(absent_count, absent)
+            raise missing_audio_error(absent_count, absent, relative=absent_relative)
 
     # -- pass 1 ---------------------------------------------------------------------------------------
 
