@@ -440,3 +440,25 @@ def test_init_with_own_data_and_refusals(tmp_path):
                            capture_output=True, text=True)
     assert wrong.returncode == 1 and "give a Kaldi data dir (with wav.scp) or a .jsonl manifest" in wrong.stderr
     assert not (tmp_path / "p2").exists() and not (tmp_path / "p3").exists()  # nothing half-written
+    assert init.stderr == ""  # absolute audio paths: nothing to note
+
+
+def test_init_notes_relative_audio_paths_the_project_cannot_see(tmp_path):
+    """A wav.scp written for its parent directory (``corpus/wav/a1.wav`` in ``corpus/my-set``): init writes the
+    project and says, before any run fails on it, that snakemake reads those paths from the project dir."""
+    wav = Path(__file__).resolve().parents[1] / "data/demo/wav/cards-001.wav"
+    (tmp_path / "corpus/wav").mkdir(parents=True)
+    for key in ("a1", "a2"):
+        (tmp_path / "corpus/wav" / f"{key}.wav").write_bytes(wav.read_bytes())
+    data = tmp_path / "corpus/my-set"
+    data.mkdir()
+    (data / "wav.scp").write_text("a1 corpus/wav/a1.wav\na2 corpus/wav/a2.wav\n")
+    init = subprocess.run([CONSOLE_SCRIPT, "init", "proj", "--data", "corpus/my-set"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert init.returncode == 0 and (tmp_path / "proj/Snakefile").is_file(), init.stderr
+    assert init.stderr == (f"note: corpus/my-set/wav.scp lists relative audio paths (corpus/wav/a1.wav, ...), and "
+                           "snakemake reads them from proj, where corpus/wav/a1.wav does not exist: make them "
+                           "absolute, or relative to proj\n")
+    plan = subprocess.run([CONSOLE_SCRIPT, "plan"], cwd=tmp_path / "proj", capture_output=True, text=True)
+    assert plan.returncode == 1 and "2 audio file(s) not found: key 'a1': corpus/wav/a1.wav" in plan.stderr
+    assert f"relative audio paths are taken from the working directory {tmp_path / 'proj'}" in plan.stderr

@@ -248,10 +248,13 @@ def cmd_init(args) -> int:
         print(f"next: cd {args.directory} && snakemake --profile profiles/local"
               + ("" if args.data else " (its data prep downloads FSDD first, 16 MB)"))
         return 0
-    from snakeshard.workflow.project import init_project
+    from snakeshard.workflow.project import init_project, relative_audio_note
 
     written = init_project(args.directory, args.data)
     print(f"wrote {', '.join(written)} in {args.directory}")
+    note = relative_audio_note(args.data, args.directory) if args.data else None
+    if note:
+        print(note, file=sys.stderr)
     print(f"next: cd {args.directory} && snakemake -n && snakemake --profile profiles/local && snakeshard status")
     print('on SLURM: pip install "snakeshard[slurm]" (the executor plugin), then snakemake --profile profiles/slurm')
     return 0

@@ -56,6 +56,26 @@ def init_project(directory: str | os.PathLike, data: str | None = None) -> list[
     return list(WRITTEN) + ([path + "/"] if data is None else [])
 
 
+def relative_audio_note(data: str | os.PathLike, directory: str | os.PathLike) -> str | None:
+    """A note for ``init --data``: the Kaldi dir's wav.scp lists a relative audio path (its first plain one is
+    looked at) that does not exist from the project ``directory``, where snakemake runs and reads it (as Kaldi
+    does, relative paths are taken from the working directory, not from the wav.scp's)."""
+    wav_scp = Path(data) / "wav.scp"
+    if not wav_scp.is_file():
+        return None
+    with open(wav_scp, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            parts = line.split(maxsplit=1)
+            if len(parts) < 2 or parts[1].rstrip().endswith("|"):  # a pipe reads what its command reads
+                continue
+            audio = parts[1].strip()
+            if os.path.isabs(audio) or (Path(directory) / audio).exists():
+                return None
+            return (f"note: {wav_scp} lists relative audio paths ({audio}, ...), and snakemake reads them from "
+                    f"{directory}, where {audio} does not exist: make them absolute, or relative to {directory}")
+    return None
+
+
 def _describe_data(data: Path, root: Path) -> tuple[str, str, str]:
     """(dataset name, path as the config holds it, format) of the user's data."""
     if not data.exists():
