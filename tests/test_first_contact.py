@@ -362,6 +362,23 @@ def test_status_shows_a_failed_canary_with_its_error_line_and_log(toy_workdir):
     assert "canary:" not in status and "summary: 4 done" in status, status
 
 
+def test_a_canary_failing_after_the_set_was_merged_is_not_told_once_nothing_is_left_to_run(toy_workdir):
+    """Everything done and merged, then the canary forced to run with an option its fingerprint ignores that
+    makes it fail, then the option removed: nothing is left to run (`snakemake -n`), so status does not tell of
+    the failed canary (it did, asking to "fix the stage, then rerun", and a rerun did nothing)."""
+    assert run_snakemake(toy_workdir).returncode == 0
+    set_stage(toy_workdir, provider_config={"fail_on_keys": [f"utt{i:03d}" for i in range(40)]},
+              fingerprint_ignore=["fail_on_keys"])
+    forced = run_snakemake(toy_workdir, "--forcerun", "canary_upper", "--until", "canary_upper")
+    assert forced.returncode != 0 and executed(forced, r"\w+") == ["canary_upper"], forced.stderr[-3000:]
+    assert "asked to fail on utt000" in (toy_workdir / "results/upper/logs/canary.log").read_text()
+    set_stage(toy_workdir, provider_config={})
+    dry = run_snakemake(toy_workdir, "-n")
+    assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stderr[-3000:]
+    status = run_cli(toy_workdir, "status").stdout
+    assert "canary:" not in status and "  merged: yes, current" in status.splitlines(), status
+
+
 def test_provider_failing_to_build_fails_the_canary_naming_the_error(toy_workdir):
     """A provider that raises while building its env: the canary fails with the provider's error, no shard starts."""
     (toy_workdir / "broken.py").write_text(MISSING_ENV)

@@ -191,7 +191,7 @@ def cmd_status(args) -> int:
             canaries_told.add(stage)
             log = wf.canaries[stage]["log"]
             failure = canary_failure(stage, wf.canaries[stage], Path(log))
-            if failure:
+            if failure and merged != "yes":  # merged and current: the failure blocks nothing (a canary forced later)
                 print(f"  canary: failed (log {log}): {failure}")
         for shard, expected in zip(plan["shards"], wf.shard_inputs[stage, ds]):
             n = shard["shard"]
