@@ -84,7 +84,7 @@ def slurm_cluster_up() -> bool:
 
 # The `slurm` extra (the executor plugins) lives here, outside the venv, and only the snakemake runs that use the
 # slurm profile see it (`slurm_env`). Snakemake imports every executor plugin it can find at each start, and this
-# one imports pandas: in the venv, every local snakemake run of the suite paid ~0.4 s of CPU for it
+# one imports pandas: in the venv, every local snakemake run of the suite paid ~0.46 s of CPU for it
 # (bench/RESULTS.md section 24); here the local runs are what a user without the extra runs.
 SLURM_EXTRA = PROJECT / "build" / "slurm-extra"
 
@@ -102,7 +102,8 @@ def slurm_env() -> dict:
     it: the plugin submits with --export=ALL, and the job's own snakemake needs the jobstep plugin)."""
     import os
 
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SLURM_EXTRA), os.environ.get("PYTHONPATH")]))}
+    path = os.pathsep.join(filter(None, [str(SLURM_EXTRA), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
 
 
 def install_slurm_extra_when_a_cluster_answers() -> None:
@@ -122,7 +123,7 @@ def install_slurm_extra_when_a_cluster_answers() -> None:
     shutil.rmtree(staging, ignore_errors=True)
     plugins, others, done = list(wanted), [], set()
     while plugins:  # the plugins with --no-deps, then what they require: plugins here, the rest to the venv
-        pip("--target", str(staging), "--no-deps", *plugins)
+        pip_install("--target", str(staging), "--no-deps", *plugins)
         done.update(Requirement(r).name for r in plugins)
         plugins = []
         for dist in importlib.metadata.distributions(path=[str(staging)]):
@@ -137,12 +138,12 @@ def install_slurm_extra_when_a_cluster_answers() -> None:
                 elif line not in others:
                     others.append(line)
     if others:
-        pip(*others)
+        pip_install(*others)
     shutil.rmtree(SLURM_EXTRA, ignore_errors=True)
     staging.rename(SLURM_EXTRA)
 
 
-def pip(*args: str) -> None:
+def pip_install(*args: str) -> None:
     install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args],
                              capture_output=True, text=True, timeout=600)
     if install.returncode != 0:

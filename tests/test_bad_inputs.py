@@ -80,7 +80,8 @@ DATA_CASES = [
     ("blank-line", lambda wd: append_line(wd, ""),
      ["data/toy/wav.scp:41: empty line"]),
     # a wav.scp written for another directory: counted, 5 listed and the rest counted, where they were looked for
-    ("seven-missing-relative-audio", lambda wd: [append_line(wd, f"utt{n:03d} wav/utt{n:03d}.wav") for n in range(40, 47)],
+    ("seven-missing-relative-audio",
+     lambda wd: [append_line(wd, f"utt{n:03d} wav/utt{n:03d}.wav") for n in range(40, 47)],
      ["7 audio file(s) not found: key 'utt040': wav/utt040.wav (data/toy/wav.scp:41), key 'utt041'",
       "key 'utt044': wav/utt044.wav (data/toy/wav.scp:45) and 2 more (relative audio paths are taken from the "
       "working directory "]),

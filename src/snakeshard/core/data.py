@@ -324,7 +324,8 @@ def validate_keys(items: list[Item], name: str) -> None:
 
 def bad_keys_error(count: int, listed: list[str]) -> DataError:
     """``count`` keys that ``bad_key`` refuses, the first MAX_LISTED of them described in ``listed``."""
-    return DataError(f"{count} key(s) are empty or contain whitespace or control characters: " + _listing(count, listed))
+    return DataError(f"{count} key(s) are empty or contain whitespace or control characters: "
+                     + _listing(count, listed))
 
 
 def missing_audio_error(count: int, listed: list[str], relative: bool = False) -> DataError:
@@ -354,8 +355,8 @@ def check_audio_exists(items: list[Item]) -> None:
     """Fail before any job runs if a plain audio path is missing (pipes are not checked)."""
     missing = [i for i in items if i.audio and not is_pipe(i.audio) and not os.path.exists(i.audio)]
     if missing:
-        raise missing_audio_error(len(missing), [f"key {i.key!r}: {i.audio} ({i.source})" for i in missing[:MAX_LISTED]],
-                                  relative=any(not os.path.isabs(i.audio) for i in missing))
+        listed = [f"key {i.key!r}: {i.audio} ({i.source})" for i in missing[:MAX_LISTED]]
+        raise missing_audio_error(len(missing), listed, relative=any(not os.path.isabs(i.audio) for i in missing))
 
 
 def fill_durations(items: list[Item]) -> None:
