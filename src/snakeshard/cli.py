@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from snakeshard.core.shard_files import read_spec
+from snakeshard.core.shard_files import MERGE_LOG, read_spec
 from snakeshard.errors import ERROR_PREFIX, naming_stage
 from snakeshard.workflow.job import (CANARY, canary_log_head, cmd_run_shard, cmd_run_shards, import_runner,
                                      parse_job_args, run_command, shard_id, shard_range)
@@ -206,7 +206,7 @@ def cmd_status(args) -> int:
             print(f"  split.{n:<5} {state:<10} {shard['items']:>7} items  {detail if state != 'failed' else ''}".rstrip())
             if state == "failed":
                 print(f"      log {log}:\n{detail}")
-        merge_log = base / "logs" / "merge.log"  # the merge rule's log (workflow/rules/merge.smk)
+        merge_log = base / MERGE_LOG
         failure = merge_failure(base, merge_log) if merged != "yes" else None
         print("  merged: " + (f"failed (log {merge_log}): {failure}" if failure
                               else merged_line(merged, base, stage, bool(counts.get("removed")))))

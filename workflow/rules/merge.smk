@@ -3,6 +3,9 @@
 # hours, compute time and real-time factor, per shard too) is what `snakemake --report` shows of the set.
 
 
+from snakeshard.core.shard_files import MERGE_LOG
+
+
 rule merge:
     input:
         lambda w: WF.job_done_files(w.stage, w.dataset),
@@ -10,7 +13,7 @@ rule merge:
         merged=f"{WF.out}/{{stage}}/{{dataset}}/merged.json",
         summary=report(f"{WF.out}/{{stage}}/{{dataset}}/summary.html", category="{stage}", subcategory="{dataset}"),
     log:
-        f"{WF.out}/{{stage}}/{{dataset}}/logs/merge.log",
+        f"{WF.out}/{{stage}}/{{dataset}}/{MERGE_LOG}",
     params:
         # any change of a shard's inputs (or the stage) reruns the merge; the merge checks it against fingerprints.json
         inputs=lambda w: WF.inputs[w.stage, w.dataset],

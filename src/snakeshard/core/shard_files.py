@@ -11,6 +11,7 @@ import os
 KEYS_FILE = "keys"  # the shard's keys, one per line (fingerprint.keys_text)
 SHARD_ITEMS = "items.json"  # the shard's slice of the dataset: what load_dataset reads in the job (data.py)
 CANARY_SPEC = ".spec.json"  # beside a canary's dir (<dir>.spec.json): the spec of a canary over a chained dataset
+MERGE_LOG = "logs/merge.log"  # in a set's dir: the merge rule's log (merge.smk), which `snakeshard status` reads
 
 
 def read_spec(path: str) -> dict:

@@ -13,6 +13,7 @@ import re
 import shutil
 from pathlib import Path
 
+from snakeshard.core.data import is_pipe
 from snakeshard.errors import ConfigError
 from snakeshard.resources import PACKAGE_DIR, demo_data_dir, profiles_dir
 
@@ -66,9 +67,9 @@ def relative_audio_note(data: str | os.PathLike, directory: str | os.PathLike) -
     with open(wav_scp, encoding="utf-8", errors="replace") as f:
         for line in f:
             parts = line.split(maxsplit=1)
-            if len(parts) < 2 or parts[1].rstrip().endswith("|"):  # a pipe reads what its command reads
+            audio = parts[1].strip() if len(parts) == 2 else ""
+            if not audio or is_pipe(audio):  # a pipe reads what its command reads
                 continue
-            audio = parts[1].strip()
             if os.path.isabs(audio) or (Path(directory) / audio).exists():
                 return None
             return (f"note: {wav_scp} lists relative audio paths ({audio}, ...), and snakemake reads them from "
