@@ -31,7 +31,7 @@ def test_every_schema_key_has_a_meaning_and_a_default():
     a default value passes the key's own schema."""
     import jsonschema
 
-    from snakeshard.workflow.config_reference import load_schema
+    from snakeshard.resources import load_schema
 
     keys = list(schema_keys(load_schema()))
     assert len(keys) > 80
@@ -47,7 +47,7 @@ def test_schema_defaults_are_the_codes():
     from snakeshard.train import loop
     from snakeshard.train.schedule import lr_lambda
     from snakeshard.workflow import parse
-    from snakeshard.workflow.config_reference import load_schema
+    from snakeshard.resources import load_schema
 
     schema = load_schema()
     stage = schema["properties"]["stages"]["additionalProperties"]["properties"]

@@ -13,17 +13,10 @@ from __future__ import annotations
 import json
 import re
 
+from snakeshard.resources import load_schema
+
 COMMAND = "python -m snakeshard config-reference --output docs/config.md"
 SCHEMA = "workflow/schemas/config.schema.yaml"
-
-
-def load_schema(path=None) -> dict:
-    import yaml
-
-    from snakeshard.resources import schema_path
-
-    with open(path or schema_path(), encoding="utf-8") as f:
-        return yaml.safe_load(f)
 
 
 def render(schema: dict | None = None) -> str:

@@ -82,11 +82,10 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
     ``schema_path`` defaults to the schema that ships with the workflow.
     """
     import jsonschema
-    import yaml
 
-    from snakeshard.resources import schema_path as shipped_schema
+    from snakeshard.resources import load_schema
 
-    schema = yaml.safe_load(Path(schema_path or shipped_schema()).read_text())
+    schema = load_schema(schema_path)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
