@@ -396,3 +396,34 @@ def test_keys_with_control_characters_are_refused_at_parse_naming_key_and_line(t
         assert dry.returncode != 0
         assert f"key(s) are empty or contain whitespace or control characters: {bad!r} (data/toy/wav.scp:41)" in \
             dry.stdout + dry.stderr
+
+
+@pytest.mark.parametrize("shards_per_job", [1, 2])
+def test_a_status_with_another_config_during_a_run_cannot_make_its_jobs_compute_that_config(tmp_path, shards_per_job):
+    """Every parse (`snakeshard status`, `snakemake -n`) rewrites each set's spec.json, which shard jobs read. A user
+    trial edited the config for a moment during a run and ran `snakeshard status`: the jobs that started after it
+    computed the edited config under the run's fingerprint, the rerun with the config back did nothing, and 6 of 10
+    merged values were wrong with status saying `merged: yes, current`. Now such a job refuses the spec, and the
+    rerun computes every shard with the config as it is."""
+    keys = KEYS[:8]
+    wd = toy_project(tmp_path / "wf", keys=keys)
+    config = read_config(wd)
+    config["stages"]["upper"].update(sharding={"num_shards": 8}, shards_per_job=shards_per_job,
+                                     provider_config={"item_delay": 1.0})
+    write_config(wd, config)
+    driver = subprocess.Popen([sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "1"],
+                              cwd=wd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: list((wd / "results/upper/toy").glob("split.*/done")), 120, "a shard's done")
+    edited = read_config(wd)
+    edited["stages"]["upper"]["provider_config"]["suffix"] = "-edited"
+    write_config(wd, edited)
+    assert run_cli(wd, "status").returncode == 0
+    write_config(wd, config)  # back as it was, while the run goes on
+    _, stderr = driver.communicate(timeout=300)
+    assert driver.returncode != 0
+    assert "spec.json was rewritten for another config while this run was going" in stderr
+    assert "nothing was computed: run snakemake again" in stderr
+    rerun = run_snakemake(wd)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert (wd / "results/upper/toy/text").read_text() == "".join(f"{k} {k.upper()}\n" for k in keys)
+    assert "merged: yes, current" in run_cli(wd, "status").stdout

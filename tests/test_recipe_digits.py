@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PROJECT, once_per_session, wait_for
+from conftest import PROJECT, once_per_session, run_cli, wait_for
 
 FSDD = Path(os.environ.get("SNAKESHARD_FSDD", PROJECT.parent / "shared/data/fsdd/recordings"))
 pytestmark = pytest.mark.skipif(not FSDD.is_dir() or not any(FSDD.glob("*.wav")),
@@ -146,6 +146,17 @@ def test_the_readme_block_from_nothing_to_a_scored_model_then_a_second_run_does_
 
     again = snakemake(wd)
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_status_and_plan_read_the_recipe_config_leaving_its_own_fsdd_key_out(reference):
+    """The recipe's config keeps `fsdd:` for its Snakefile's data prep (which hands the module the rest); status and
+    plan read the config file themselves, and refused it (a user trial: `'fsdd' was unexpected`)."""
+    for command in ("status", "plan"):
+        proc = run_cli(reference["wd"], command)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.startswith("note: config/config.yaml: 'fsdd' left out: not snakeshard's"), proc.stderr
+    status = run_cli(reference["wd"], "status").stdout
+    assert "merged: yes, current" in status and not re.search(r"merged: (no|stale)|interrupted|failed", status), status
 
 
 def processes(wd: Path, needle: str):

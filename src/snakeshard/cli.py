@@ -22,18 +22,18 @@ __all__ = ["build_parser", "main"]  # main: the `snakeshard` script (pyproject.t
 
 
 def _workflow(args):
-    from snakeshard.workflow.parse import Workflow, load_config, validate_config
+    from snakeshard.workflow.parse import Workflow, load_config, validate_config, without_project_keys
 
-    config = load_config(args.config)
+    config = without_project_keys(load_config(args.config), args.config)
     validate_config(config)
     return Workflow(config)
 
 
 def cmd_plan(args) -> int:
     from snakeshard.core.plan import format_plan_table, make_plan
-    from snakeshard.workflow.parse import load_config, run_spec, stage_sets, validate_config
+    from snakeshard.workflow.parse import load_config, run_spec, stage_sets, validate_config, without_project_keys
 
-    config = load_config(args.config)
+    config = without_project_keys(load_config(args.config), args.config)
     validate_config(config)
     for stage, ds in stage_sets(config):
         if args.stage and stage != args.stage:

@@ -13,13 +13,27 @@ import os
 import sys
 
 from snakeshard.core.shard_files import CANARY_SPEC, SHARD_ITEMS, read_spec
-from snakeshard.errors import ERROR_PREFIX, SnakeshardError, in_stage, naming_stage
+from snakeshard.errors import ERROR_PREFIX, ShardError, SnakeshardError, in_stage, naming_stage
 
 CANARY = "canary"  # the --shard of a stage's canary job
 
 
+def check_spec_current(spec: dict, path: str, stage_fingerprint: str) -> None:
+    """The spec a job reads is rewritten by every parse (a ``snakemake -n`` or ``snakeshard status`` too): one
+    made from another config while this run was going would have the job compute with that config under this
+    run's fingerprint, and its ``done`` would then look current to both. The job refuses it instead."""
+    if spec.get("stage_fingerprint", stage_fingerprint) != stage_fingerprint:
+        raise ShardError(f"{path} was rewritten for another config while this run was going (stage fingerprint "
+                         f"{spec['stage_fingerprint']}, this run's {stage_fingerprint}: a `snakemake -n` or "
+                         "`snakeshard status` with another config?); nothing was computed: run snakemake again")
+
+
 def cmd_run_shard(args) -> int:
+    from snakeshard.core.fingerprint import parse_shard_inputs
+
     spec = read_spec(args.spec)
+    check_spec_current(spec, args.spec, args.fingerprint if args.shard_inputs is None
+                       else parse_shard_inputs(args.shard_inputs)["stage"])
     # The job's dataset is its slice (the canary's keys are the first of split.0, or for a chained dataset of the
     # upstream canary's, whose slice its spec names): see plan.py
     slice_dir = args.shard_dir if args.shard != CANARY else os.path.join(os.path.dirname(args.spec), "split.0")
@@ -162,12 +176,12 @@ def cmd_run_shards(args) -> int:
     that is how a rerun after one failed shard redoes that shard only, though Snakemake reruns the job.
     """
     from snakeshard.core.fingerprint import digest, parse_shard_inputs
-    from snakeshard.errors import ShardError
     from snakeshard.io.atomic import atomic_write_json
 
     spec = read_spec(args.spec)
     first, last = args.shards
     texts = args.shard_inputs.split(",")
+    check_spec_current(spec, args.spec, parse_shard_inputs(texts[0])["stage"])
     if len(texts) != last - first + 1:
         raise ShardError(f"shards {first}-{last}: --shard-inputs gives {len(texts)} shards' inputs, "
                          f"expected {last - first + 1}")
@@ -212,8 +226,6 @@ def _done_fingerprint(shard_dir: str) -> str | None:
 def _build_env(spec: dict, provider_cls, devices: list[str], shard: str, parent: bool) -> tuple:
     """(provider, env): the job's env, built once (with a pool: the env of this process's hooks; forward
     runs in the workers)."""
-    from snakeshard.errors import ShardError
-
     try:
         provider = provider_cls({**spec["provider_config"], "dataset": spec["dataset"], "devices": devices})
         env = provider.build_parent_env() if parent else provider.build_worker_setup_fn()()

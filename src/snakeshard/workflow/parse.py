@@ -76,6 +76,21 @@ def load_config(path: str | os.PathLike) -> dict:
         raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
 
 
+def without_project_keys(config: dict, path: str | os.PathLike) -> dict:
+    """``config`` less the top-level keys snakeshard's schema does not define, for the commands that read a project's
+    config file themselves (``snakeshard status``, ``plan``). A project's Snakefile may keep keys of its own there
+    for its own rules and hand the module the rest (the digits recipe's ``fsdd:``); a note on stderr names them,
+    since a misspelt key of snakeshard's is left out the same way (snakemake's parse refuses it)."""
+    from snakeshard.resources import load_schema
+
+    known = load_schema()["properties"]
+    own = [key for key in config if key not in known]
+    if own:
+        print(f"note: {path}: {', '.join(map(repr, own))} left out: not snakeshard's (your Snakefile's own keys; "
+              "a misspelt key is refused when snakemake parses the config)", file=sys.stderr)
+    return {key: value for key, value in config.items() if key in known}
+
+
 def validate_config(config: dict, schema_path: str | os.PathLike | None = None) -> None:
     """Check ``config`` against the JSON schema and the cross-references the schema cannot express.
 
@@ -503,7 +518,9 @@ class Workflow:
         planned). Jobs read the spec from this file, not from a rule param: options listed in fingerprint_ignore
         may change without rerunning shards, so they must not be params."""
         for (stage, ds), spec in self.specs.items():
-            spec.update(shards_per_job=self.jobs_k[stage, ds], grouped=self.grouped(stage))
+            # stage_fingerprint: what the jobs check the spec against (job.check_spec_current)
+            spec.update(shards_per_job=self.jobs_k[stage, ds], grouped=self.grouped(stage),
+                        stage_fingerprint=self.stage_fps[stage, ds])
             write_if_changed(Path(set_dir(self.config, stage, ds)) / "spec.json",
                              json.dumps(spec, indent=1, sort_keys=True) + "\n")
 
