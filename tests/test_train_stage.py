@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PROJECT, copy_workflow, once_per_session, run_cli, run_snakemake, wait_for
+from conftest import PROJECT, copy_workflow, once_per_session, read_config, run_cli, run_snakemake, wait_for
+from snakeshard.cli import merged_line
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).parent))
@@ -87,14 +90,18 @@ def train_process(wd: Path):
     return None
 
 
-def interrupt_at(wd: Path, step: int, sig: int) -> subprocess.CompletedProcess:
-    """Run the training target; once ``step`` steps are logged, send ``sig`` to the training job; wait for snakemake."""
+def interrupt_at(wd: Path, step: int, sig: int, before=None) -> subprocess.CompletedProcess:
+    """Run the training target; once ``step`` steps are logged, call ``before()`` if given, send ``sig`` to the
+    training job; wait for snakemake."""
     cmd = [sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2", TRAIN_TARGET]
     driver = subprocess.Popen(cmd, cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: steps_done(wd) >= step or driver.poll() is not None, 180, f"step {step}")
         proc = train_process(wd)
         assert proc is not None and driver.poll() is None, "the training job ended before it could be interrupted"
+        if before is not None:
+            before()
+            assert proc.is_running(), "the training job ended before it could be interrupted"
         proc.send_signal(sig)
         out, _ = driver.communicate(timeout=180)
     finally:
@@ -156,6 +163,24 @@ def test_train_infer_score_then_a_model_change_reruns_training_inference_and_sco
     shown = page[start:page.index("```", start)].splitlines()
     assert shown[1:3] == log.splitlines()[-2:]
     assert shown[3] == "$ snakeshard status | grep training" and shown[4] in status.splitlines()
+    # What status says of the inference and scoring after it when the model is not the current one (a user trial:
+    # "merged: yes, current" while snakemake -n reran them): a loop option changed, and the training dir gone.
+    epochs = read_config(wd)["stages"]["train"]["epochs"]
+    set_training(wd, epochs=epochs + 1)
+    status = run_cli(wd, "status").stdout
+    assert [line for line in status.splitlines() if "merged:" in line][-2:] == [
+        "  merged: " + merged_line("stale", wd, "", False)] * 2, status
+    set_training(wd, epochs=epochs)
+    shutil.move(trained, wd / "aside")
+    status = run_cli(wd, "status").stdout
+    assert [line for line in status.splitlines() if "merged:" in line][-2:] == [
+        "  merged: yes, not current: snakemake makes it again (its model, training stage train, is pending)",
+        "  merged: yes, not current: snakemake makes it again (it reads stage infer, dataset feats_test, which is "
+        "made again)"], status
+    shutil.rmtree(trained)  # what the status's parse wrote there (train.json)
+    shutil.move(wd / "aside", trained)
+    assert "Nothing to be done" in run_snakemake(wd, "-n").stdout
+    assert run_cli(wd, "status").stdout.count("merged: yes, current") == status.count("merged: yes")
     set_training(wd, hidden=16)  # the model's config only
     dry = run_snakemake(wd, "-n")
     for rule in ("train_train", "shard_infer", "shard_score"):
@@ -210,7 +235,12 @@ def test_negative_control_a_resume_without_the_rng_states_is_caught(tmp_path, tm
     want = reference(tmp_path_factory, threads=1)
     wd = make_project(tmp_path / "p", step_delay=0.1)
     set_training(wd, no_rng_restore=True)
-    assert interrupt_at(wd, 5, signal.SIGKILL).returncode != 0  # in epoch 0, whose weights best.pt keeps here
+    statuses = []  # status while the job trains (a user trial: it said "interrupted", "snakemake resumes from it")
+    assert interrupt_at(wd, 5, signal.SIGKILL, before=lambda: statuses.append(run_cli(wd, "status").stdout)
+                        ).returncode != 0  # in epoch 0, whose weights best.pt keeps here
+    assert re.search(r"stage train \(training\), dataset feats_train: running  \d+ steps logged.* \(pid \d+ holds "
+                     + re.escape(f"{TRAINED}/train.lock") + r"\)$", statuses[0], re.M), statuses[0]
+    assert "stage train (training), dataset feats_train: interrupted  " in run_cli(wd, "status").stdout
     assert run_snakemake(wd, TRAIN_TARGET).returncode == 0
     got = outputs(wd)
     assert not all(torch.equal(got["weights"][n], want["weights"][n]) for n in want["weights"])

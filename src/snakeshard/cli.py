@@ -175,11 +175,32 @@ def merged_line(merged: str, set_dir: Path, stage: str, removed: bool) -> str:
     return "no"
 
 
+def remade_because(wf, stage: str, ds: str, trainings: dict, memo: dict) -> str | None:
+    """Why snakemake makes a set's merge again though its shards' fingerprints are current, or None: the model it
+    infers with is not the current one, or the set it reads from is not (Snakemake reruns what follows an input it
+    makes again; the fingerprints cannot tell while the old model or upstream output is still on disk)."""
+    from snakeshard.workflow.train_config import model_source
+
+    if (stage, ds) not in memo:
+        memo[stage, ds] = None
+        source = model_source(wf.config, stage)
+        up = wf.upstream.get((stage, ds))
+        if source and trainings[source][0] != "done":
+            memo[stage, ds] = f"its model, training stage {source}, is {trainings[source][0]}"
+        elif up and (merged_state(Path(wf.out) / up[0] / up[1], wf.inputs[up]) != "yes"
+                     or remade_because(wf, *up, trainings, memo)):
+            memo[stage, ds] = f"it reads stage {up[0]}, dataset {up[1]}, which is made again"
+    return memo[stage, ds]
+
+
 def cmd_status(args) -> int:
     from snakeshard.core.plan import shards_text
+    from snakeshard.train.stage import training_state
     from snakeshard.workflow.parse import stage_sets
 
     wf = _workflow(args)
+    trainings = {stage: training_state(training) for stage, training in wf.trainings.items()}
+    remade: dict = {}
     counts: dict[str, int] = {}
     canaries_told: set[str] = set()
     for stage, ds in stage_sets(wf.config):  # config order, as `snakeshard plan` lists them
@@ -208,12 +229,11 @@ def cmd_status(args) -> int:
                 print(f"      log {log}:\n{detail}")
         merge_log = base / MERGE_LOG
         failure = merge_failure(base, merge_log) if merged != "yes" else None
+        because = remade_because(wf, stage, ds, trainings, remade) if merged == "yes" else None
         print("  merged: " + (f"failed (log {merge_log}): {failure}" if failure
+                              else f"yes, not current: snakemake makes it again ({because})" if because
                               else merged_line(merged, base, stage, bool(counts.get("removed")))))
-    for stage, training in wf.trainings.items():
-        from snakeshard.train.stage import training_state
-
-        state, detail = training_state(training)
+    for stage, (state, detail) in trainings.items():
         counts[state] = counts.get(state, 0) + 1
         print(f"stage {stage} (training), dataset {wf.config['stages'][stage]['train']}: {state}  {detail}".rstrip())
     print("summary: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))

@@ -5,7 +5,8 @@ the modules that define them (parsed, so comments and formatting do not count),
 the provider config (less the keys the stage lists in ``fingerprint_ignore``:
 options such as worker counts or fault injection that do not change results),
 batch size, the dataset spec, snakeshard's version and the identity (path, size,
-mtime) of every model file named in the provider config.
+mtime) of every model file named in the provider config; an inference stage's adds the fingerprint of the
+training stage whose model it reads.
 
 A shard's fingerprint adds its inputs: the digest of its keys, of what each key
 stands for (its wav.scp value or pipe, segment times, text, utt2spk, or JSON Lines
@@ -83,6 +84,8 @@ def stage_fingerprint(spec: dict, version: str, code: dict | None = None) -> str
     }
     if code is not None:
         payload["code"] = code
+    if spec.get("model"):  # inference with a trained model: its training's fingerprint (a retraining reruns it)
+        payload["trained_model"] = spec["model"]["fingerprint"]
     return digest(json.dumps(payload, sort_keys=True, default=str))
 
 

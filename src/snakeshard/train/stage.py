@@ -217,8 +217,8 @@ def _values(values: dict) -> str:
 
 
 def training_state(training: dict) -> tuple[str, str]:
-    """(state, detail) of a training stage for ``snakeshard status``: done, stale, failed, interrupted or pending,
-    read from its done, log, steps.jsonl and checkpoint names (no checkpoint is loaded)."""
+    """(state, detail) of a training stage for ``snakeshard status``: done, stale, failed, running, interrupted or
+    pending, read from its done, log, steps.jsonl, checkpoint names and lock (no checkpoint is loaded)."""
     run_dir = Path(training["dir"])
     try:
         done = json.loads((run_dir / DONE).read_text())
@@ -232,6 +232,9 @@ def training_state(training: dict) -> tuple[str, str]:
     history = sorted((int(p.stem.partition("-")[2]) for p in (run_dir / "checkpoints/history").glob("step-*.pt")),
                      reverse=True) if (run_dir / "checkpoints/history").is_dir() else []
     where = f"{steps} steps logged" + (f", newest checkpoint at step {history[0]}" if history else "")
+    holder = lock_holder(run_dir)
+    if holder:
+        return "running", f"{where} (pid {holder} holds {run_dir / LOCK})"
     log = run_dir / "logs/train.log"
     errors = [line for line in log.read_text(errors="replace").splitlines()
               if line.startswith("snakeshard: error:")] if log.exists() else []
@@ -240,5 +243,20 @@ def training_state(training: dict) -> tuple[str, str]:
     if done is not None:
         return "stale", "trained with another config or data; snakemake trains again" + (f" ({where})" if steps else "")
     if steps:
-        return "interrupted", f"{where}; snakemake resumes from it"
+        return "interrupted", f"{where}; snakemake resumes from it under the config it was started with"
     return "pending", ""
+
+
+def lock_holder(run_dir: Path) -> str | None:
+    """The pid written in ``run_dir/train.lock`` while a process holds it (see one_trainer), else None."""
+    import fcntl
+
+    try:
+        with open(run_dir / LOCK) as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return lock.read().strip() or "?"
+    except FileNotFoundError:
+        pass
+    return None
