@@ -214,6 +214,7 @@ def test_kill_9_sigterm_and_a_corrupt_latest_pt_end_with_an_uninterrupted_runs_r
     assert result.returncode == 0, result.stderr[-3000:]
     log = (wd / TRAINED / "logs/train.log").read_text()
     assert "latest.pt" in log and "history/step-" in log  # the fallback, said
+    assert "resuming from" in log and re.findall(r"^epoch (\d+) \(step", log, re.M) == ["0", "1", "2", "3"]
     assert_same_training(outputs(wd), want)
 
 
@@ -299,6 +300,9 @@ def test_bad_inputs_fail_the_training_job_naming_what_and_where_and_keep_what_wa
     skipped = [json.loads(line) for line in (wd / TRAINED / "steps.jsonl").read_text().splitlines()
                if "skipped_nonfinite" in line]
     assert len(skipped) == 2 and all("train-2-005" in s["skipped_nonfinite"][0] for s in skipped)  # once per epoch
+    said = re.findall(r"^step (\d+) \(epoch (\d)\): skipped a batch with a non-finite loss, keys \[.*'train-2-005'",
+                      (wd / TRAINED / "logs/train.log").read_text(), re.M)  # the log says so too (a user trial)
+    assert said == [(str(s["step"]), str(s["epoch"])) for s in skipped]
     set_training(wd, nan_on_key=None, skip_nonfinite=None)
 
     # a train_step that returns no loss

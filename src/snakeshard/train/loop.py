@@ -144,8 +144,14 @@ def config_diff(old: dict, new: dict) -> list[str]:
     a = _flatten({k: v for k, v in old.items() if k not in RESULT_NEUTRAL})
     b = _flatten({k: v for k, v in new.items() if k not in RESULT_NEUTRAL})
     missing = object()
-    return [f"{DIFF_NAMES.get(k, k)}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}"
+    return [f"{_diff_name(k)}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}"
             for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
+
+
+def _diff_name(key: str) -> str:
+    if key.startswith("sets."):  # a digest: say what it covers (a user trial read it as "the data changed")
+        return f"{key} (that set's keys, records, audio, upstream merge, runner and provider code, provider_config)"
+    return DIFF_NAMES.get(key, key)
 
 
 def batch_order(seed: int, epoch: int, n: int) -> list[int]:
@@ -267,6 +273,14 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
         if first:
             log.truncate(min(size, log_bytes))
             log.seek(0, os.SEEK_END)
+        if first and resumed_from is not None:
+            # Said now, not when training ends; and the lines before it again, as the job log is a new file when
+            # Snakemake retries a job (a user trial found a resumed run's log starting at its 29th epoch).
+            print(f"resuming from {resumed_from}: step {p['step']}, epoch {p['epoch']}", file=sys.stderr, flush=True)
+            if on_line is not None:
+                with open(log_path, "rb") as before:
+                    for text in before:
+                        on_line(json.loads(text))
         meters = _meters_from(meters_state)
         if p["finished"]:
             return _result(p, manager, resumed_from)
@@ -433,8 +447,9 @@ def _resume_point(manager, cfg, fingerprint, inputs, ckdir, log_path, world):
                 loaded = None
             elif diff or ck.get("fingerprint") != fingerprint:
                 raise ResumeRefused(f"{path} was written by an unfinished run of another config or data: {what}. "
-                                    f"To resume it, go back to that config and data; to start over, delete its "
-                                    f"checkpoints: rm -r {shlex.quote(str(ckdir))} {shlex.quote(str(log_path))}")
+                                    "To train with this config from step 0 (that run's steps are then lost), delete "
+                                    f"its checkpoints: rm -r {shlex.quote(str(ckdir))} {shlex.quote(str(log_path))}; "
+                                    "to resume that run instead, go back to its config and data")
     except SnakeshardError as e:
         world.broadcast({"refused": str(e), "path": None})
         raise
@@ -498,7 +513,7 @@ def _end_epoch(runner_cls, name, p, score, meters, valid_batches, eval_kwargs, m
             raise SnakeshardError("training config: score split 'valid' needs valid keys; there are none")
         source = valid if split == "valid" else meters
         if score["name"] not in source:
-            raise ContractError(f"score {score['name']!r} is no meter of {name}."
+            raise ContractError(f"score.name {score['name']!r} is no meter of {name}."
                                 f"{'evaluate_step' if split == 'valid' else 'train_step'}: it gave {sorted(source)}")
         value = float(source[score["name"]].avg)
         old = p["best_score"]

@@ -201,7 +201,10 @@ def _batches(spec: dict, dataset, keys: list[str]) -> list[list[str]] | None:
 
 
 def _print_epoch(line: dict) -> None:
-    """An epoch's line of steps.jsonl, as the log shows it."""
+    """An epoch's line of steps.jsonl, as the log shows it, and a step's skipped batches (``skip_nonfinite``)."""
+    for keys in line.get("skipped_nonfinite", ()):
+        print(f"step {line['step']} (epoch {line['epoch']}): skipped a batch with a non-finite loss, keys {keys}",
+              file=sys.stderr, flush=True)
     if "train" not in line:
         return
     parts = [f"epoch {line['epoch']} (step {line['step']}): train " + _values(line["train"])]
