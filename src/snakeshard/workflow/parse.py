@@ -83,6 +83,8 @@ def without_project_keys(config: dict, path: str | os.PathLike) -> dict:
     since a misspelt key of snakeshard's is left out the same way (snakemake's parse refuses it)."""
     from snakeshard.resources import load_schema
 
+    if not isinstance(config, dict):  # validate_config names what it is
+        return config
     known = load_schema()["properties"]
     own = [key for key in config if key not in known]
     if own:
