@@ -436,15 +436,15 @@ def test_chained_stage_plans_at_parse_reruns_with_its_upstream_and_refuses_a_sta
     status = run_cli(wd, "status").stdout
     assert re.search(r"stage frames, dataset demo_fbank: 3 shards\n  split\.0 +stale .*changed since it ran: "
                      r"the upstream stage's output for its keys", status), status
+    record = json.loads((wd / "results/frames/demo_fbank/fingerprints.json").read_text())
     job = subprocess.run([sys.executable, "-m", "snakeshard", "run-shard", "--shard", "0",
                           "--spec", "results/frames/demo_fbank/spec.json", "--shard-dir", str(tmp_path / "probe"),
-                          "--fingerprint", "x"], cwd=wd, capture_output=True, text=True)
+                          "--fingerprint", record["stage"]], cwd=wd, capture_output=True, text=True)
     assert job.returncode == 1
     assert "results/fbank/demo: the merged output is stale" in job.stderr and "refusing to read it" in job.stderr
     # a frames shard job as its rule runs it: the fbank shards holding its keys are stale, refused before any item
     from snakeshard.core.fingerprint import shard_inputs_text
 
-    record = json.loads((wd / "results/frames/demo_fbank/fingerprints.json").read_text())
     entry = record["shards"][0]
     inputs = shard_inputs_text(record["stage"], entry["keys"], entry["records"], entry["audio"], entry["upstream"])
     job = subprocess.run([sys.executable, "-m", "snakeshard", "run-shard", "--shard", "0",
