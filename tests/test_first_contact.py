@@ -192,7 +192,8 @@ def test_lock_note_names_the_runs_profile_and_says_nothing_beside_a_live_snakema
     assert stale_lock_note(str(tmp_path), [], os.getpid()).splitlines()[1] == "    snakemake --profile slurm --unlock"
     assert stale_lock_note(str(tmp_path), ["--profile", "x", "--unlock"], os.getpid()) is None
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "snakemake"], cwd=tmp_path)
-    try:
+    try:  # until it has exec'd, /proc shows the forked pytest's command line (a loaded machine showed it)
+        wait_for(lambda: b"snakemake" in Path(f"/proc/{live.pid}/cmdline").read_bytes(), 30, "the process's exec")
         assert stale_lock_note(str(tmp_path), [], os.getpid()) is None
     finally:
         live.kill()

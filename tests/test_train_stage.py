@@ -99,10 +99,12 @@ def interrupt_at(wd: Path, step: int, sig: int, before=None) -> subprocess.Compl
         wait_for(lambda: steps_done(wd) >= step or driver.poll() is not None, 180, f"step {step}")
         proc = train_process(wd)
         assert proc is not None and driver.poll() is None, "the training job ended before it could be interrupted"
-        if before is not None:
+        if before is not None:  # the job is stopped meanwhile: it is interrupted at the step it was at
+            proc.suspend()
             before()
-            assert proc.is_running(), "the training job ended before it could be interrupted"
         proc.send_signal(sig)
+        if before is not None and sig != signal.SIGKILL:
+            proc.resume()
         out, _ = driver.communicate(timeout=180)
     finally:
         if driver.poll() is None:
