@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ import pytest
 from reference_plan import reference_files, written_files
 from snakeshard.core import manifest
 from snakeshard.core.plan import ensure_plan
-from snakeshard.errors import DataError
+from snakeshard.errors import ConfigError, DataError, SnakeshardError
 
 PROJECT = Path(__file__).resolve().parents[1]
 DEMO = PROJECT / "data/demo"
@@ -355,3 +357,151 @@ def test_the_kept_columns_hold_the_manifests_durations_not_those_read_from_heade
     expected = reference_files(spec, sharding_after)
     written = written_files(set_dir)  # and split dirs of the first plan's extra shards, left as always
     assert {name: written[name] for name in expected} == expected
+
+
+@pytest.mark.parametrize("workers", ["1", "3"])
+@pytest.mark.parametrize("block_bytes", [manifest.BLOCK_BYTES, 300])
+def test_an_append_after_a_partial_last_shard_replans_from_inside_a_block(tmp_path, monkeypatch, block_bytes, workers):
+    """200 lines in shards of 3: the last shard held 2 items, so after 57 appended lines planning starts again at
+    item 198, inside a block of the kept columns. (The keys of the shards after it were those of 3 items before,
+    out of step with their lines, until 2026-11-26.)"""
+    monkeypatch.setattr(manifest, "BLOCK_BYTES", block_bytes)
+    monkeypatch.setenv("SNAKESHARD_PLAN_WORKERS", workers)
+    path = tmp_path / "m.jsonl"
+    path.write_text(lines_of(200))
+    spec = {"path": str(path), "format": "jsonl"}
+    ensure_plan(tmp_path / "set", spec, {"shard_size": 3})
+    with open(path, "a") as f:
+        f.write(lines_of(57, 200))
+    ensure_plan(tmp_path / "set", spec, {"shard_size": 3})
+    assert written_files(tmp_path / "set") == reference_files(spec, {"shard_size": 3})
+
+
+# -- a big manifest planned in forked processes (core/forked.py) -----------------------------------
+
+def forked_pids(monkeypatch, tmp_path: Path) -> Path:
+    """A file that each process running a pass-1 range or pass-2 shards appends its pid to."""
+    from snakeshard.core import plan as planner
+
+    log = tmp_path / "pids"
+    scan_range, shards = manifest.JsonlManifest._scan_range, manifest.JsonlManifest.shards
+
+    def logged(method):
+        def run(self, *args):
+            with open(log, "a") as f:
+                f.write(f"{method.__name__} {os.getpid()}\n")
+            return method(self, *args)
+        return run
+
+    monkeypatch.setattr(manifest.JsonlManifest, "_scan_range", logged(scan_range))
+    monkeypatch.setattr(manifest.JsonlManifest, "shards", logged(shards))
+    assert planner.scan_manifest is manifest.scan_manifest
+    return log
+
+
+@pytest.mark.parametrize("workers", ["2", "3"])
+@pytest.mark.parametrize("block_bytes", [manifest.BLOCK_BYTES, 300])
+def test_forked_planning_writes_what_one_process_writes(tmp_path, monkeypatch, block_bytes, workers):
+    """SNAKESHARD_PLAN_WORKERS forks both passes at any size: the same files as the planner before streaming, for
+    every sharding; the work was done in other processes (a plan of one shard: its pass 2 here)."""
+    monkeypatch.setattr(manifest, "BLOCK_BYTES", block_bytes)
+    monkeypatch.setenv("SNAKESHARD_PLAN_WORKERS", workers)
+    log = forked_pids(monkeypatch, tmp_path)
+    spec = varied_manifest(tmp_path / "varied.jsonl", 600)
+    for sharding in SHARDINGS:
+        same_as_reference(tmp_path, spec, sharding)
+    ran = [line.split() for line in log.read_text().splitlines()]
+    for method in ("_scan_range", "shards"):
+        forked = {pid for name, pid in ran if name == method} - {str(os.getpid())}
+        assert len(forked) >= 2, (method, ran)
+    assert str(os.getpid()) not in {pid for name, pid in ran if name == "_scan_range"}
+
+
+@pytest.mark.parametrize("what", ["not JSON", "a space in the key", "zero duration", "missing audio",
+                                  "a NBSP in the key", "two values"])
+def test_a_bad_record_in_a_forked_range_fails_as_in_one_process(tmp_path, monkeypatch, what):
+    """A worker that meets a bad record hands the manifest back to the driver, which names it as always."""
+    monkeypatch.setattr(manifest, "BLOCK_BYTES", 300)
+    monkeypatch.setenv("SNAKESHARD_PLAN_WORKERS", "3")
+    lines = [json.dumps({"key": f"k{i:02d}", "duration": 1.5}) for i in range(79)]
+    lines.insert(61, BAD_LINES[what])
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    spec = {"path": str(path), "format": "jsonl"}
+    with pytest.raises(DataError) as old:
+        reference_files(spec, {"num_shards": 4})
+    with pytest.raises(DataError) as new:
+        ensure_plan(tmp_path / "set", spec, {"num_shards": 4})
+    assert str(new.value) == str(old.value) and f"{path}:62" in str(new.value)
+    assert not (tmp_path / "set").exists()
+
+
+def test_duplicate_keys_in_two_forked_ranges_are_named_as_in_one_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("SNAKESHARD_PLAN_WORKERS", "3")
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"key": f"k{i % 290:03d}", "duration": 1.0}) + "\n" for i in range(300)))
+    spec = {"path": str(path), "format": "jsonl"}
+    with pytest.raises(DataError) as old:
+        reference_files(spec, {"num_shards": 4})
+    with pytest.raises(DataError) as new:
+        ensure_plan(tmp_path / "set", spec, {"num_shards": 4})
+    assert str(new.value) == str(old.value)
+    assert str(new.value).startswith(f"10 duplicate key(s): 'k000' ({path}:291, first at {path}:1)")
+
+
+def test_a_forked_planner_that_dies_fails_the_plan_naming_the_way_out(tmp_path, monkeypatch):
+    """A worker killed (as the OOM killer kills) fails the plan in seconds rather than hanging, and leaves no
+    plan.json; the next plan (here in one process) writes the whole plan."""
+    import signal
+
+    monkeypatch.setenv("SNAKESHARD_PLAN_WORKERS", "2")
+    monkeypatch.setattr(manifest.JsonlManifest, "_scan_range", lambda self, part: os.kill(os.getpid(), signal.SIGKILL))
+    path = tmp_path / "m.jsonl"
+    path.write_text(lines_of(100))
+    spec = {"path": str(path), "format": "jsonl"}
+    with pytest.raises(SnakeshardError) as failed:
+        ensure_plan(tmp_path / "set", spec, {"shard_size": 16})
+    assert str(failed.value) == ("a planning process forked from this one died (killed, or out of memory?); the plan "
+                                 "was not written: run again, or plan in one process with SNAKESHARD_PLAN_WORKERS=1")
+    assert not (tmp_path / "set/plan.json").exists()
+    monkeypatch.undo()
+    ensure_plan(tmp_path / "set", spec, {"shard_size": 16})
+    assert written_files(tmp_path / "set") == reference_files(spec, {"shard_size": 16})
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_a_bad_plan_workers_setting_is_refused_naming_it(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("SNAKESHARD_PLAN_WORKERS", value)
+    path = tmp_path / "m.jsonl"
+    path.write_text(lines_of(10))
+    with pytest.raises(ConfigError, match=re.escape(f"SNAKESHARD_PLAN_WORKERS={value!r}: give a number of "
+                                                    "processes, 1 or more")):
+        ensure_plan(tmp_path / "set", {"path": str(path), "format": "jsonl"}, {"num_shards": 2})
+
+
+def test_snakemake_plans_a_manifest_in_forked_processes_as_in_one(tmp_path, monkeypatch):
+    """The real driver: `snakemake -n` with 2 planning processes, then the same project planned in one process
+    (the plan removed): the same plan files, byte for byte."""
+    import subprocess
+    import sys
+
+    import yaml
+    from conftest import copy_workflow
+
+    wd = copy_workflow(tmp_path / "wf")
+    (wd / "m.jsonl").write_text("".join(json.dumps({"key": f"u{i:05d}", "audio": WAVS[i % 10], "duration": 1 + i % 7})
+                                        + "\n" for i in range(3000)))
+    config = {"canary": 0, "datasets": {"big": {"path": "m.jsonl", "format": "jsonl"}},
+              "stages": {"fbank": {"runner": "snakeshard.stages.fbank.FbankRunner",
+                                   "provider": "snakeshard.stages.fbank.FbankProvider",
+                                   "datasets": ["big"], "sharding": {"shard_size": 100}}}}
+    (wd / "config/config.yaml").write_text(yaml.safe_dump(config))
+    set_dir = wd / "results/fbank/big"
+    planned = {}
+    for workers in ("2", "1"):
+        dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "-q"], cwd=wd, text=True,
+                             capture_output=True, env={**os.environ, "SNAKESHARD_PLAN_WORKERS": workers}, timeout=300)
+        assert dry.returncode == 0, dry.stderr[-3000:]
+        planned[workers] = written_files(set_dir)
+        shutil.rmtree(set_dir)
+    assert planned["2"] == planned["1"] and "split.29/items.json" in planned["1"]

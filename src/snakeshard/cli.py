@@ -39,7 +39,7 @@ def cmd_plan(args) -> int:
         if args.stage and stage != args.stage:
             continue
         spec = run_spec(config, stage, ds)
-        plan = make_plan(spec["dataset"], config["stages"][stage]["sharding"])  # in memory: writes nothing
+        plan = make_plan(spec["dataset"], config["stages"][stage]["sharding"], forked=True)  # in memory: writes nothing
         print(format_plan_table(plan, f"stage {stage}, dataset {ds}:"))
     return 0
 

@@ -7,5 +7,6 @@ contract      the user API: ``EnvironmentProvider``, ``InferenceProvider``, ``Ba
 data          datasets (Kaldi dirs, JSON Lines, a chained stage's merged output) and ``load_dataset``
 fingerprint   digests of records, audio and config that decide what reruns
 user_code / user_source   importing a config's classes; reading their literals without importing
+forked        a big manifest's planning spread over forked processes
 shard_pool / hooks / devices / set_summary / progress / shard_files   their helpers
 """

@@ -37,6 +37,7 @@ from snakeshard.core.data import (JSONL_RECORD, MAX_LISTED, Item, bad_key, bad_k
                                   duplicate_keys_error, empty_dataset_error, fill_durations, is_pipe, jsonl_record,
                                   jsonl_values, missing_audio_error, read_items, source_spec, utf8_error)
 from snakeshard.core.fingerprint import digest
+from snakeshard.core.forked import map_forked, plan_workers
 from snakeshard.errors import DataError
 from snakeshard.io.atomic import atomic_write_text
 
@@ -94,6 +95,11 @@ class ItemsManifest:
     def save(self, cache_dir, plan_signature: str) -> None:
         """Nothing to keep: a Kaldi data dir is read whole at every plan."""
 
+    def bytes_after(self, first_item: int) -> int:
+        """0: its items are in memory, and shards from them are planned here unless ``SNAKESHARD_PLAN_WORKERS``
+        asks for more processes (a Kaldi dir is read whole, in one process: no big corpus ships as one)."""
+        return 0
+
     def fill_durations(self) -> None:
         fill_durations(self.items)
         self.seconds = array("d", (i.seconds for i in self.items))
@@ -140,7 +146,22 @@ class JsonlManifest:
         self._scan(*(resumed or (0, 1)), spec)
 
     def _scan(self, offset: int, first_line: int, spec: dict) -> None:
-        """Pass 1 from byte ``offset`` (line ``first_line``) to the end: parse, validate, keep the columns."""
+        """Pass 1 from byte ``offset`` (line ``first_line``) to the end: parse, validate, keep the columns; in
+        forked processes when the manifest is big (``forked.plan_workers``)."""
+        end = os.path.getsize(self.path)
+        workers = plan_workers(end - offset)
+        hashes = self._scan_forked(offset, first_line, end, workers) if workers > 1 else None
+        if hashes is None:  # one process, or a worker met bad data: read here, to name it as always
+            self._scan_here(offset, first_line, spec)
+        elif not self.num_items:
+            raise empty_dataset_error(spec, self.path, self.path)
+        else:
+            self._check_unique(hashes)
+        self.missing = sum(1 for s in self.seconds if s != s)  # NaN: UNKNOWN
+
+    def _scan_here(self, offset: int, first_line: int, spec: dict) -> None:
+        """Pass 1 in this process: every bad record, key and audio path is found, and named as
+        ``data.read_items`` names it."""
         path = self.path
         bad_keys: list[str] = []
         bad_key_count = 0
@@ -169,26 +190,95 @@ class JsonlManifest:
             self.audio_blocks.append(audio)
             self.seconds.extend(seconds)
             self.num_items += len(keys)
-        self.missing = sum(1 for s in self.seconds if s != s)  # NaN: UNKNOWN
         if not self.num_items:
             raise empty_dataset_error(spec, path, path)
         if bad_keys:
             raise bad_keys_error(bad_key_count, bad_keys)
-        self._check_unique()
+        self._check_unique([])  # before the audio: a duplicate key is named first, as data.read_items does
         if absent:
             raise missing_audio_error(absent_count, absent, relative=absent_relative)
 
+    def _scan_forked(self, offset: int, first_line: int, end: int, workers: int):
+        """Pass 1 of bytes ``offset``..``end`` as ``workers`` byte ranges, each parsed in a forked process
+        while this one digests the bytes: the keys' hashes of each range (for ``_check_unique``), or None when a
+        range holds anything ``_scan_here`` would refuse (nothing is kept then; it reads them again)."""
+        starts = [offset]
+        with open(self.path, "rb") as f:  # each range starts at a line: after the first newline past its share
+            for k in range(1, workers):
+                f.seek(max(offset + (end - offset) * k // workers - 1, starts[-1]))
+                f.readline()
+                if f.tell() < end:
+                    starts.append(f.tell())
+        sha = self._sha.copy()
+
+        def digest_bytes():
+            with open(self.path, "rb") as f:
+                f.seek(offset)
+                for chunk in iter(lambda: f.read(min(BLOCK_BYTES, end - f.tell())), b""):
+                    sha.update(chunk)
+
+        parts = map_forked(self._scan_range, list(zip(starts, starts[1:] + [end])), workers, digest_bytes)
+        if any(part is None for part in parts):
+            return None
+        line, item = first_line - 1, self.num_items  # what the ranges before a part hold
+        for blocks, key_blocks, audio_blocks, seconds, lines, _ in parts:
+            for block in blocks:  # numbered within its range: from the manifest's start
+                block[1] += line
+                block[2] += item
+            self.blocks += blocks
+            self.key_blocks += key_blocks
+            self.audio_blocks += audio_blocks
+            self.seconds.frombytes(seconds)
+            line += lines
+            item += len(seconds) // self.seconds.itemsize
+        self.num_items = item
+        self._sha, self.size, self.lines_read = sha, end, line
+        with open(self.path, "rb") as f:
+            f.seek(end - 1)
+            self.ends_with_newline = f.read(1) == b"\n"
+        return [part[5] for part in parts]
+
+    def _scan_range(self, byte_range: tuple[int, int]):
+        """In a forked process: (blocks, key blocks, audio blocks, durations as bytes, lines, the keys' sorted
+        hashes) of one byte range, its lines numbered from 1 and its items from 0; None if any record, key or
+        audio path in it is bad."""
+        import numpy as np
+
+        blocks, key_blocks, audio_blocks, seconds = [], [], [], array("d")
+        start, end = byte_range
+        for block_offset, numbers, lines in self._lines(start, 1, end=end):
+            try:
+                keys, audio, durations = self._parse_block(numbers, lines)
+            except DataError:
+                return None
+            if not keys:
+                continue
+            if not (all(keys) and " " not in (joined := "".join(keys)) and joined.isprintable()):
+                if any(map(bad_key, keys)):
+                    return None
+            if audio is not None and any(a and not is_pipe(a) and not os.path.exists(a) for a in audio):
+                return None
+            blocks.append([block_offset, numbers[0], len(seconds), len(keys)])
+            key_blocks.append("\n".join(keys))
+            audio_blocks.append(audio)
+            seconds.extend(durations)
+        hashes = np.fromiter(map(hash, chain.from_iterable(b.split("\n") for b in key_blocks)), dtype=np.int64,
+                             count=len(seconds))
+        hashes.sort()
+        return blocks, key_blocks, audio_blocks, seconds.tobytes(), self._next_line - 1, hashes
+
     # -- pass 1 ---------------------------------------------------------------------------------------
 
-    def _lines(self, offset: int = 0, first: int = 1, sha=None):
+    def _lines(self, offset: int = 0, first: int = 1, sha=None, end: int | None = None):
         """(byte offset, line numbers, stripped lines) of each block of the manifest's non-blank lines, from
-        ``offset`` (a line start, line number ``first``) on; ``sha`` is updated with every byte read."""
+        ``offset`` (a line start, line number ``first``) to ``end`` (a line start; None: the file's end);
+        ``sha`` is updated with every byte read. Then ``_next_line`` is the number of the line after them."""
         with open(self.path, "rb") as f:
             f.seek(offset)
             rest = b""
             at = offset  # where ``rest`` starts in the file
             while True:
-                chunk = f.read(BLOCK_BYTES)
+                chunk = f.read(BLOCK_BYTES if end is None else min(BLOCK_BYTES, end - at - len(rest)))
                 if sha is not None:
                     sha.update(chunk)
                 raw = rest + chunk
@@ -219,6 +309,7 @@ class JsonlManifest:
                 at += len(raw)
                 if not chunk:
                     break
+        self._next_line = first
         if sha is not None:
             self.size, self.lines_read, self.ends_with_newline = at, first - 1, not raw or raw.endswith(b"\n")
 
@@ -258,17 +349,24 @@ class JsonlManifest:
             seconds.append(UNKNOWN if value is None else value)
         return keys, (audio if any(a is not None for a in audio) else None), seconds
 
-    def _check_unique(self) -> None:
-        """Duplicate keys, found among the keys' 64-bit hashes sorted (8 bytes a key, not a set of the keys)."""
+    def _check_unique(self, hashed: list) -> None:
+        """Duplicate keys, found among the keys' 64-bit hashes sorted (8 bytes a key, not a set of the keys).
+        ``hashed``: the sorted hashes of the last items' keys, computed where they were read (forked); the keys
+        before them are hashed here."""
         import numpy as np
 
         every = np.empty(self.num_items, dtype=np.int64)
-        at = 0
+        at, here = 0, self.num_items - sum(map(len, hashed))
         for block in self.key_blocks:
+            if at == here:
+                break
             keys = block.split("\n")
             every[at:at + len(keys)] = np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys))
             at += len(keys)
-        every.sort()
+        for part in hashed:
+            every[at:at + len(part)] = part
+            at += len(part)
+        every.sort(kind="stable" if hashed else "quicksort")  # stable: a merge of the sorted runs
         twice = set(every[1:][every[1:] == every[:-1]].tolist())
         del every
         if not twice:
@@ -365,14 +463,18 @@ class JsonlManifest:
         b = bisect_right([block[2] for block in self.blocks], first_item) - 1
         offset, first_line, block_item, _ = self.blocks[b]
         skip = first_item - block_item
-        keys = chain.from_iterable(block.split("\n") for block in self.key_blocks[b:])
-        audio = chain.from_iterable(a if a is not None else repeat(None, n)
-                                    for a, (_, _, _, n) in zip(self.audio_blocks[b:], self.blocks[b:]))
+        keys = islice(chain.from_iterable(block.split("\n") for block in self.key_blocks[b:]), skip, None)
+        audio = islice(chain.from_iterable(a if a is not None else repeat(None, n)
+                                           for a, (_, _, _, n) in zip(self.audio_blocks[b:], self.blocks[b:])), skip, None)
         for _, numbers, lines in self._lines(offset, first_line):
             if skip:
                 numbers, lines, skip = numbers[skip:], lines[skip:], max(0, skip - len(lines))
             if lines:
                 yield list(islice(keys, len(lines))), numbers, lines, list(islice(audio, len(lines)))
+
+    def bytes_after(self, first_item: int) -> int:
+        """The manifest's bytes from the block holding ``first_item`` on: what planning shards from it reads."""
+        return self.size - self.blocks[bisect_right([block[2] for block in self.blocks], first_item) - 1][0]
 
     def fill_durations(self) -> None:
         """Durations the manifest lacks, from the audio headers (a key without readable audio is an error)."""

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from snakeshard.core.data import source_spec
 from snakeshard.core.fingerprint import digest, keys_digest, keys_text
+from snakeshard.core.forked import map_forked, plan_workers
 from snakeshard.core.manifest import scan_manifest
 from snakeshard.core.shard_files import KEYS_FILE, SHARD_ITEMS
 from snakeshard.errors import ConfigError
@@ -129,12 +130,15 @@ def input_signature(dataset: dict, sharding: dict) -> str:
     return digest(payload)
 
 
-def make_plan(dataset: dict, sharding: dict, on_shard=None, cache_dir=None, previous: dict | None = None) -> dict:
+def make_plan(dataset: dict, sharding: dict, on_shard=None, cache_dir=None, previous: dict | None = None,
+              collect: list | None = None, forked: bool = False) -> dict:
     """Read and validate the dataset, plan its shards: the plan record. ``on_shard(n, rows)`` is called with
-    each shard's ``manifest.Rows`` as it is planned (``ensure_plan`` writes its files); one shard's rows at a
-    time are in memory. With ``cache_dir``, a JSON Lines manifest keeps its columns there and, when only
-    appended to since, reads just its new lines; then the leading shards of ``previous`` (the plan before)
-    that hold the same items are kept as they were, and ``on_shard`` is not called for them."""
+    each shard's ``manifest.Rows`` as it is planned (``ensure_plan`` writes its files), and its return values
+    are appended to ``collect`` in shard order; one shard's rows at a time are in memory. With ``cache_dir``, a
+    JSON Lines manifest keeps its columns there and, when only appended to since, reads just its new lines;
+    then the leading shards of ``previous`` (the plan before) that hold the same items are kept as they were,
+    and ``on_shard`` is not called for them. ``forked``: a big manifest's shards are planned in forked processes
+    (core/forked.py), where ``on_shard`` runs too: only its return values come back."""
     signature = input_signature(dataset, sharding)
     manifest = scan_manifest(dataset, cache_dir)
     counts = shard_counts(manifest, sharding)
@@ -142,20 +146,31 @@ def make_plan(dataset: dict, sharding: dict, on_shard=None, cache_dir=None, prev
     kept = _kept_shards(previous, counts, manifest, known)
     if cache_dir is not None:
         manifest.save(cache_dir, signature)
+    first_item = sum(counts[:kept])
+    workers = plan_workers(manifest.bytes_after(first_item)) if forked else 1
+
+    def plan_shards(run: tuple[int, int, list[int]]) -> list[tuple[dict, object]]:
+        first_shard, first, run_counts = run
+        planned = []
+        for n, rows in enumerate(manifest.shards(run_counts, first), first_shard):
+            record = {
+                "shard": n,
+                "items": len(rows.keys),
+                "seconds": rows.total_seconds() if known else None,
+                "keys_digest": keys_digest(rows.keys),
+                "records": rows.records_digests(),
+                "first_key": rows.keys[0],
+                "last_key": rows.keys[-1],
+            }
+            planned.append((record, on_shard(n, rows) if on_shard is not None else None))
+        return planned
+
     records = previous["shards"][:kept] if kept else []
-    for n, rows in enumerate(manifest.shards(counts[kept:], sum(counts[:kept])), kept):
-        keys = rows.keys
-        records.append({
-            "shard": n,
-            "items": len(keys),
-            "seconds": rows.total_seconds() if known else None,
-            "keys_digest": keys_digest(keys),
-            "records": rows.records_digests(),
-            "first_key": keys[0],
-            "last_key": keys[-1],
-        })
-        if on_shard is not None:
-            on_shard(n, rows)
+    for planned in map_forked(plan_shards, shard_runs(counts, kept, first_item, workers), workers):
+        for record, value in planned:
+            records.append(record)
+            if collect is not None:
+                collect.append(value)
     return {
         "format": PLAN_FORMAT,
         "dataset": dataset,
@@ -166,6 +181,14 @@ def make_plan(dataset: dict, sharding: dict, on_shard=None, cache_dir=None, prev
         "num_shards": len(counts),
         "shards": records,
     }
+
+
+def shard_runs(counts: list[int], first_shard: int, first_item: int, runs: int) -> list[tuple[int, int, list[int]]]:
+    """Shards ``first_shard`` on as up to ``runs`` runs of consecutive shards with near-equal item counts: each
+    (its first shard, its first item, its shards' item counts)."""
+    todo = counts[first_shard:]
+    cuts = split_contiguous(todo, runs) if todo else []
+    return [(first_shard + a, first_item + sum(todo[:a]), todo[a:b]) for a, b in zip(cuts, cuts[1:] + [len(todo)])]
 
 
 def _kept_shards(previous: dict | None, counts: list[int], manifest, known: bool) -> int:
@@ -212,9 +235,10 @@ def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> di
     def write_shard(n, rows):  # called once the dataset is read and validated: a bad one leaves nothing here
         write_if_changed(set_dir / f"split.{n}" / KEYS_FILE, keys_text(rows.keys))  # a rule input: its mtime matters
         atomic_write_text(set_dir / f"split.{n}" / SHARD_ITEMS, rows.slice_text(), fsync=False)
-        audio.append(rows.audio_files())
+        return rows.audio_files()
 
-    plan = make_plan(dataset, sharding, on_shard=write_shard, cache_dir=set_dir, previous=previous)
+    plan = make_plan(dataset, sharding, on_shard=write_shard, cache_dir=set_dir, previous=previous, collect=audio,
+                     forked=True)
     kept = plan["num_shards"] - len(audio)
     if kept:  # shards kept from the plan before keep their audio lists, read only now that some are kept
         try:
@@ -224,7 +248,7 @@ def ensure_plan(set_dir: str | os.PathLike, dataset: dict, sharding: dict) -> di
             audio[:0] = before[:kept]
         except (OSError, ValueError):  # unreadable (edited by hand): every shard is planned anew
             audio.clear()
-            plan = make_plan(dataset, sharding, on_shard=write_shard, cache_dir=set_dir)
+            plan = make_plan(dataset, sharding, on_shard=write_shard, cache_dir=set_dir, collect=audio, forked=True)
     atomic_write_json(set_dir / AUDIO_FILES, audio, fsync=False)
     atomic_write_json(plan_path, plan)  # last: a plan.json on disk means its other files are written
     return plan

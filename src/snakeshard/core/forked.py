@@ -1,0 +1,72 @@
+"""A big manifest's planning spread over forked processes (the planner's two passes, core/manifest.py and plan.py).
+
+Planning runs in the Snakemake driver, often on a login node with cores to spare, and costs ~4-5 µs a key in
+one process (48.6 s for a cold ``snakemake -n`` at 10,000,000 keys, bench/RESULTS.md section 21). Both passes
+cut into independent parts (byte ranges of the manifest; runs of consecutive shards), so each part is computed in
+a process forked from the driver: it inherits the columns pass 1 kept without a copy or a pickle, and only its
+result comes back. Forked, not spawned: a spawned process would import snakeshard again and be sent the columns.
+(The driver has no other thread while it parses the Snakefile, so the fork is safe; ``snakeshard.pool`` spawns
+because its workers may hold CUDA.)
+
+``SNAKESHARD_PLAN_WORKERS`` sets how many processes plan (``1``: all in the driver, as on a shared login node
+that asks for it); unset, a manifest of ``PARALLEL_BYTES`` or more is planned on Linux by one process per core, at
+most ``MAX_WORKERS``, and a smaller one in the driver (below that, the forks cost more than they save).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from snakeshard.errors import ConfigError, SnakeshardError
+
+WORKERS_ENV = "SNAKESHARD_PLAN_WORKERS"
+MAX_WORKERS = 4  # a login node is shared: a few cores for a few seconds
+PARALLEL_BYTES = 16 << 20  # ~400,000 keys of 42 bytes
+
+_task = None  # the function the forked workers run: set before they fork, so they inherit it (a closure is fine)
+
+
+def plan_workers(num_bytes: int) -> int:
+    """How many processes plan ``num_bytes`` of manifest (see the module's docstring)."""
+    given = os.environ.get(WORKERS_ENV, "").strip()
+    if given:
+        if not given.isdigit() or int(given) < 1:
+            raise ConfigError(f"{WORKERS_ENV}={given!r}: give a number of processes, 1 or more")
+        return int(given)
+    if num_bytes < PARALLEL_BYTES or not sys.platform.startswith("linux"):  # macOS: fork is unsafe under its libs
+        return 1
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+
+
+def map_forked(func, parts: list, workers: int, meanwhile=None) -> list:
+    """``[func(part) for part in parts]``, in up to ``workers`` forked processes when there are several parts
+    (else here); ``meanwhile()`` runs in this process while they work. An exception raised by ``func`` is
+    raised here; a worker that dies (the OOM killer) fails the call, naming the way out, rather than hanging."""
+    global _task
+    if workers <= 1 or len(parts) <= 1:
+        results = [func(part) for part in parts]
+        if meanwhile is not None:
+            meanwhile()
+        return results
+    import multiprocessing  # here: every Snakemake start plans, few of them fork (~15 ms of imports)
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    _task = func
+    try:
+        with ProcessPoolExecutor(min(workers, len(parts)), mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = [pool.submit(_run_task, part) for part in parts]
+            if meanwhile is not None:
+                meanwhile()
+            return [f.result() for f in futures]
+    except BrokenProcessPool:
+        raise SnakeshardError(
+            f"a planning process forked from this one died (killed, or out of memory?); the plan was not written: "
+            f"run again, or plan in one process with {WORKERS_ENV}=1") from None
+    finally:
+        _task = None
+
+
+def _run_task(part):
+    return _task(part)
