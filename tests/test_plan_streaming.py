@@ -260,7 +260,12 @@ def test_a_manifest_changed_otherwise_is_read_whole(tmp_path, monkeypatch, chang
     ('{"key": "a b", "duration": 1}\n', "1 key(s) are empty or contain whitespace or control characters: 'a b' "
                                         "({path}:{line})"),
 ])
-def test_bad_appended_lines_fail_as_a_whole_read_does_and_leave_the_plan_before(tmp_path, tail, message):
+@pytest.mark.parametrize("workers", ["1", "3"])
+def test_bad_appended_lines_fail_as_a_whole_read_does_and_leave_the_plan_before(tmp_path, monkeypatch, tail, message,
+                                                                                 workers):
+    """20 good lines and a bad one appended; planned in one process, or in three that give the new lines back to
+    the driver on meeting the bad one (the kept columns then read on from the cache as they were)."""
+    monkeypatch.setenv("SNAKESHARD_PLAN_WORKERS", workers)
     path = tmp_path / "m.jsonl"
     path.write_text(lines_of(60))
     spec = {"path": str(path), "format": "jsonl"}
@@ -268,7 +273,7 @@ def test_bad_appended_lines_fail_as_a_whole_read_does_and_leave_the_plan_before(
     ensure_plan(set_dir, spec, {"shard_size": 16})
     before = written_files(set_dir)
     with open(path, "a") as f:
-        f.write(tail)
+        f.write(lines_of(20, 60) + tail)
     line = len(path.read_text().splitlines())
     with pytest.raises(DataError) as new:
         ensure_plan(set_dir, spec, {"shard_size": 16})

@@ -39,32 +39,35 @@ def plan_workers(num_bytes: int) -> int:
     return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
 
 
-def map_forked(func, parts: list, workers: int, meanwhile=None) -> list:
-    """``[func(part) for part in parts]``, in up to ``workers`` forked processes when there are several parts
-    (else here); ``meanwhile()`` runs in this process while they work. An exception raised by ``func`` is
+def map_forked(func, parts: list, workers: int, meanwhile=None):
+    """``func(part)`` for each part, in order, each as soon as it and those before it are done (so the caller can
+    take in one result before the next arrives): in up to ``workers`` forked processes when there are several
+    parts, else here. ``meanwhile()`` runs in this process while they work. An exception raised by ``func`` is
     raised here; a worker that dies (the OOM killer) fails the call, naming the way out, rather than hanging."""
     global _task
     if workers <= 1 or len(parts) <= 1:
-        results = [func(part) for part in parts]
         if meanwhile is not None:
             meanwhile()
-        return results
+        yield from map(func, parts)
+        return
     import multiprocessing  # here: every Snakemake start plans, few of them fork (~15 ms of imports)
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
     _task = func
+    pool = ProcessPoolExecutor(min(workers, len(parts)), mp_context=multiprocessing.get_context("fork"))
     try:
-        with ProcessPoolExecutor(min(workers, len(parts)), mp_context=multiprocessing.get_context("fork")) as pool:
-            futures = [pool.submit(_run_task, part) for part in parts]
-            if meanwhile is not None:
-                meanwhile()
-            return [f.result() for f in futures]
+        futures = [pool.submit(_run_task, part) for part in parts]
+        if meanwhile is not None:
+            meanwhile()
+        for future in futures:
+            yield future.result()
     except BrokenProcessPool:
         raise SnakeshardError(
             f"a planning process forked from this one died (killed, or out of memory?); the plan was not written: "
             f"run again, or plan in one process with {WORKERS_ENV}=1") from None
-    finally:
+    finally:  # also when the caller stops early (a part with bad data): the parts not started are dropped
+        pool.shutdown(wait=True, cancel_futures=True)
         _task = None
 
 

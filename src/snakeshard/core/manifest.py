@@ -41,6 +41,7 @@ from snakeshard.core.forked import map_forked, plan_workers
 from snakeshard.errors import DataError
 from snakeshard.io.atomic import atomic_write_text
 
+RANGES_PER_WORKER = 4  # pass 1 forked: smaller results in flight (10,000,000 keys: 779 -> 514 MB in all processes)
 BLOCK_BYTES = 1 << 20  # a block of the manifest, parsed at once: ~10,000 lines of 100 bytes (as fast as 16 MB
 # blocks, and 1,000,000 keys of 42 bytes peaked at 83 MB instead of 298: bench/RESULTS.md section 21)
 UNKNOWN = math.nan  # a duration not in the manifest (read from the audio header if the sharding needs it)
@@ -199,13 +200,13 @@ class JsonlManifest:
             raise missing_audio_error(absent_count, absent, relative=absent_relative)
 
     def _scan_forked(self, offset: int, first_line: int, end: int, workers: int):
-        """Pass 1 of bytes ``offset``..``end`` as ``workers`` byte ranges, each parsed in a forked process
-        while this one digests the bytes: the keys' hashes of each range (for ``_check_unique``), or None when a
+        """Pass 1 of bytes ``offset``..``end`` as byte ranges parsed in ``workers`` forked processes while this
+        one digests the bytes: the keys' hashes of each range (for ``_check_unique``), or None when a
         range holds anything ``_scan_here`` would refuse (nothing is kept then; it reads them again)."""
-        starts = [offset]
+        starts, count = [offset], workers * RANGES_PER_WORKER
         with open(self.path, "rb") as f:  # each range starts at a line: after the first newline past its share
-            for k in range(1, workers):
-                f.seek(max(offset + (end - offset) * k // workers - 1, starts[-1]))
+            for k in range(1, count):
+                f.seek(max(offset + (end - offset) * k // count - 1, starts[-1]))
                 f.readline()
                 if f.tell() < end:
                     starts.append(f.tell())
@@ -217,11 +218,15 @@ class JsonlManifest:
                 for chunk in iter(lambda: f.read(min(BLOCK_BYTES, end - f.tell())), b""):
                     sha.update(chunk)
 
-        parts = map_forked(self._scan_range, list(zip(starts, starts[1:] + [end])), workers, digest_bytes)
-        if any(part is None for part in parts):
-            return None
         line, item = first_line - 1, self.num_items  # what the ranges before a part hold
-        for blocks, key_blocks, audio_blocks, seconds, lines, _ in parts:
+        hashes = []
+        ranges = list(zip(starts, starts[1:] + [end]))
+        kept = len(self.blocks)  # the cached blocks before the ranges
+        for part in map_forked(self._scan_range, ranges, workers, digest_bytes):  # taken in one by one (memory)
+            if part is None:  # back to the cached columns alone, for _scan_here
+                del self.blocks[kept:], self.key_blocks[kept:], self.audio_blocks[kept:], self.seconds[self.num_items:]
+                return None
+            blocks, key_blocks, audio_blocks, seconds, lines, part_hashes = part
             for block in blocks:  # numbered within its range: from the manifest's start
                 block[1] += line
                 block[2] += item
@@ -229,14 +234,15 @@ class JsonlManifest:
             self.key_blocks += key_blocks
             self.audio_blocks += audio_blocks
             self.seconds.frombytes(seconds)
+            hashes.append(part_hashes)
             line += lines
-            item += len(seconds) // self.seconds.itemsize
+            item += len(part_hashes)
         self.num_items = item
         self._sha, self.size, self.lines_read = sha, end, line
         with open(self.path, "rb") as f:
             f.seek(end - 1)
             self.ends_with_newline = f.read(1) == b"\n"
-        return [part[5] for part in parts]
+        return hashes
 
     def _scan_range(self, byte_range: tuple[int, int]):
         """In a forked process: (blocks, key blocks, audio blocks, durations as bytes, lines, the keys' sorted
@@ -363,7 +369,8 @@ class JsonlManifest:
             keys = block.split("\n")
             every[at:at + len(keys)] = np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys))
             at += len(keys)
-        for part in hashed:
+        while hashed:  # each part's hashes dropped once copied: not all of them twice in memory
+            part = hashed.pop(0)
             every[at:at + len(part)] = part
             at += len(part)
         every.sort(kind="stable" if hashed else "quicksort")  # stable: a merge of the sorted runs
