@@ -8,9 +8,14 @@ the DAG) and the bench toy runner. Per size:
     driver's peak RSS (``wait4``);
   * ``--planner-only``: ``ensure_plan`` alone in a fresh process, the new planner and, for sizes up to
     ``--reference-max``, the planner before it streamed (tests/reference_plan.py: the whole manifest as
-    ``Item`` objects), wall s and peak RSS.
+    ``Item`` objects), wall s and peak RSS;
+  * one more cold ``snakemake -n`` (the plan removed), its memory in all processes (the driver and the planner's
+    forked workers: the sum of their PSS, sampled every 0.1 s; the sampling slows it, so its time is not used).
+
+``--workers N`` sets SNAKESHARD_PLAN_WORKERS for every run (1: plan in the driver alone); unset, the default.
 
     python bench/plan_scale.py [--sizes 1000000 3000000 10000000] [--repeats 1] [--reference-max 1000000]
+                               [--workers N]
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -67,12 +73,35 @@ def project(n: int) -> Path:
     return wd
 
 
+def peak_pss(cmd: list[str], cwd) -> float:
+    """The peak of the summed PSS (MB) of ``cmd``'s process and its children, sampled every 0.1 s."""
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    top, peak = psutil.Process(proc.pid), 0
+    while proc.poll() is None:
+        try:
+            peak = max(peak, sum(p.memory_full_info().pss for p in [top, *top.children(recursive=True)]))
+        except psutil.Error:  # a worker gone between the listing and the reading
+            pass
+        time.sleep(0.1)
+    if proc.returncode:
+        sys.exit(f"{' '.join(cmd)} failed in {cwd}")
+    return peak / 2**20
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000000, 3000000, 10000000])
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--reference-max", type=int, default=1000000)
+    ap.add_argument("--workers", help="SNAKESHARD_PLAN_WORKERS for every run (unset: the default)")
     args = ap.parse_args()
+    if args.workers:
+        os.environ["SNAKESHARD_PLAN_WORKERS"] = args.workers
+    print(f"SNAKESHARD_PLAN_WORKERS={os.environ.get('SNAKESHARD_PLAN_WORKERS', '(unset)')}")
     import snakemake
 
     print(machine_info(snakemake=snakemake.__version__))
@@ -84,8 +113,8 @@ def main() -> None:
     floor = sorted(measured(dry, raw)[0] for _ in range(3))[1]
     print(f"raw `snakemake -n` of a one-rule Snakefile (median of 3): {floor:.2f} s\n")
     print("| keys | manifest MB | `-n` cold s | cold RSS MB | `-n` warm s | warm RSS MB | `-n` after +1% s | its RSS MB "
-          "| planner alone s (µs/key) | its RSS MB | planner before s | its RSS MB |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| planner alone s (µs/key) | its RSS MB | planner before s | its RSS MB | cold, all processes' PSS MB |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in args.sizes:
         for _ in range(args.repeats):
             path = manifest(n)
@@ -101,9 +130,11 @@ def main() -> None:
             if n <= args.reference_max:
                 old = json.loads(measured([*alone, "reference", str(path)], WORK)[2].splitlines()[-1])
                 old = [f"{old[0]:.2f}", f"{old[1]:.0f}"]
+            shutil.rmtree(wd / "results")
+            pss = peak_pss(dry, wd)
             print(f"| {n:,} | {path.stat().st_size / 1e6:.0f} | {cold[0]:.2f} | {cold[1]:.0f} | {warm[0]:.2f} | "
                   f"{warm[1]:.0f} | {appended[0]:.2f} | {appended[1]:.0f} | {new[0]:.2f} ({new[0] / n * 1e6:.2f}) | "
-                  f"{new[1]:.0f} | {old[0]} | {old[1]} |", flush=True)
+                  f"{new[1]:.0f} | {old[0]} | {old[1]} | {pss:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

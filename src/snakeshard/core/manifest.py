@@ -362,7 +362,7 @@ class JsonlManifest:
         import numpy as np
 
         every = np.empty(self.num_items, dtype=np.int64)
-        at, here = 0, self.num_items - sum(map(len, hashed))
+        at, here, runs = 0, self.num_items - sum(map(len, hashed)), len(hashed)
         for block in self.key_blocks:
             if at == here:
                 break
@@ -373,7 +373,7 @@ class JsonlManifest:
             part = hashed.pop(0)
             every[at:at + len(part)] = part
             at += len(part)
-        every.sort(kind="stable" if hashed else "quicksort")  # stable: a merge of the sorted runs
+        every.sort(kind="stable" if runs else "quicksort")  # stable (timsort): it merges the forked parts' sorted runs
         twice = set(every[1:][every[1:] == every[:-1]].tolist())
         del every
         if not twice:
@@ -471,8 +471,8 @@ class JsonlManifest:
         offset, first_line, block_item, _ = self.blocks[b]
         skip = first_item - block_item
         keys = islice(chain.from_iterable(block.split("\n") for block in self.key_blocks[b:]), skip, None)
-        audio = islice(chain.from_iterable(a if a is not None else repeat(None, n)
-                                           for a, (_, _, _, n) in zip(self.audio_blocks[b:], self.blocks[b:])), skip, None)
+        audio = islice(chain.from_iterable(a if a is not None else repeat(None, n) for a, (_, _, _, n)
+                                           in zip(self.audio_blocks[b:], self.blocks[b:])), skip, None)
         for _, numbers, lines in self._lines(offset, first_line):
             if skip:
                 numbers, lines, skip = numbers[skip:], lines[skip:], max(0, skip - len(lines))
