@@ -203,6 +203,8 @@ class JsonlManifest:
         """Pass 1 of bytes ``offset``..``end`` as byte ranges parsed in ``workers`` forked processes while this
         one digests the bytes: the keys' hashes of each range (for ``_check_unique``), or None when a
         range holds anything ``_scan_here`` would refuse (nothing is kept then; it reads them again)."""
+        import numpy  # noqa: F401 -- imported once here, not in every forked worker (~0.1 s each)
+
         starts, count = [offset], workers * RANGES_PER_WORKER
         with open(self.path, "rb") as f:  # each range starts at a line: after the first newline past its share
             for k in range(1, count):
