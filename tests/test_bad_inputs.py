@@ -382,8 +382,8 @@ def write_segments(wd: Path) -> None:
     (wd / "data/toy/segments").write_text("seg1 utt000 0 1.0\nseg2 utt000 1.0 2,5\n")
 
 
-def write_jsonl(wd: Path, records: list[dict]) -> None:
-    (wd / "data/x.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+def write_jsonl(wd: Path, records: list, bom: bool = False) -> None:
+    (wd / "data/x.jsonl").write_text("\ufeff" * bom + "".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     config = read_config(wd)
     config["datasets"]["toy"] = {"path": "data/x.jsonl", "format": "jsonl"}
     write_config(wd, config)
@@ -397,6 +397,19 @@ BAD_FIELD_CASES = [
      ["data/x.jsonl:2", "duration"]),
     ("jsonl-audio-not-a-string", lambda wd: write_jsonl(wd, [{"key": "a", "audio": 7}]),
      ["data/x.jsonl:1", "audio"]),
+    ("jsonl-duration-true",  # JSON's true is no 1 s
+     lambda wd: write_jsonl(wd, [{"key": "a", "audio": WAV, "duration": 1}, {"key": "b", "audio": WAV, "duration": True}]),
+     ["data/x.jsonl:2: 'duration' of 'b' True is not a number of seconds"]),
+    ("jsonl-line-an-array", lambda wd: write_jsonl(wd, [{"key": "a", "audio": WAV}, ["b", WAV]]),
+     ["data/x.jsonl:2: an array, not a JSON object; a JSON Lines record is one {...} per line"]),
+    ("jsonl-with-a-bom", lambda wd: write_jsonl(wd, [{"key": "a", "audio": WAV}], bom=True),
+     ["data/x.jsonl:1: the file starts with a UTF-8 byte order mark (BOM), which JSON Lines does not allow; remove "
+      "it, e.g. sed -i '1s/^\\xEF\\xBB\\xBF//' "]),
+    ("jsonl-without-its-format",
+     lambda wd: (write_jsonl(wd, [{"key": "a", "audio": WAV}]),
+                 set_top(wd, datasets={"toy": {"path": "data/x.jsonl"}})),
+     ["data/x.jsonl: not a Kaldi data dir (no wav.scp); a JSON Lines manifest needs format: jsonl in its datasets "
+      "entry"]),
 ]
 
 
@@ -435,3 +448,17 @@ def test_a_job_imports_the_users_class_and_explains_each_failure(tmp_path, monke
                        r".*broken_stage\.py:1: No module named 'no_such_package_xyz'") as raised:
         import_object("broken_stage.Runner", "stages.s.runner")
     assert isinstance(raised.value.__cause__, ModuleNotFoundError)  # its traceback goes to the job's log
+
+
+def test_a_json_lines_record_without_audio_names_the_audio_field(tmp_path):
+    """A record whose audio sits under another field (here "wav"): the item that needs its audio fails naming
+    key, file:line and the config key that says which field holds the audio."""
+    from snakeshard import load_dataset
+    from snakeshard.errors import DataError
+
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"key": "a", "wav": "a.wav", "duration": 1.5}\n')
+    dataset = load_dataset({"name": "small", "path": str(path), "format": "jsonl"})
+    with pytest.raises(DataError) as failed:
+        dataset.load_audio("a")
+    assert str(failed.value) == f"key 'a' ({path}:1) has no audio; datasets.small.audio_field is 'audio'"

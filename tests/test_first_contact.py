@@ -461,6 +461,33 @@ def test_init_with_own_data_and_refusals(tmp_path):
     assert init.stderr == ""  # absolute audio paths: nothing to note
 
 
+def test_the_snakefiles_rule_example_names_the_projects_dataset_and_a_set_not_planned_is_one_error_line(tmp_path):
+    """init --data names the dataset after the data (my-set): the commented rule example at the end of the
+    Snakefile reads its merged output, and runs uncommented. A rule of the user's asking for a set the config does
+    not plan (the demo's, here) ends with one line naming the sets it plans: no traceback, no KeyError."""
+    data = make_kaldi_dir(tmp_path / "corpora/my-set", ["a1", "a2", "a3"],
+                          Path(__file__).resolve().parents[1] / "data/demo/wav/cards-001.wav")
+    project = tmp_path / "proj"
+    assert subprocess.run([CONSOLE_SCRIPT, "init", str(project), "--data", str(data)]).returncode == 0
+    snakefile = (project / "Snakefile").read_text()
+    example = snakefile[snakefile.index("# rule loudest:"):]
+    assert "results/energy/my-set/merged.json" in example and "demo" not in example
+    uncommented = "\n".join(line[2:] for line in example.splitlines()) + "\n"
+    (project / "Snakefile").write_text(snakefile + "\n" + uncommented)
+    snakemake = [sys.executable, "-m", "snakemake", "--profile", "profiles/local", "--cores", "2"]
+    run = subprocess.run([*snakemake, "results/loudest.txt"], cwd=project, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(line.split()[0] for line in (project / "results/loudest.txt").read_text().splitlines()) == [
+        "a1", "a2", "a3"]
+
+    (project / "Snakefile").write_text(snakefile + "\n" + uncommented.replace("my-set", "demo"))
+    dry = subprocess.run([*snakemake, "-n", "results/loudest.txt"], cwd=project, capture_output=True, text=True)
+    assert dry.returncode == 1
+    assert ("snakeshard: error: results/energy/demo/merged.json is asked for, but no stage 'energy' runs over a "
+            "dataset 'demo': the config plans energy/my-set") in dry.stderr, dry.stderr
+    assert "Traceback" not in dry.stderr and "KeyError" not in dry.stderr
+
+
 def test_init_notes_relative_audio_paths_the_project_cannot_see(tmp_path):
     """A wav.scp written for its parent directory (``corpus/wav/a1.wav`` in ``corpus/my-set``): init writes the
     project and says, before any run fails on it, that snakemake reads those paths from the project dir."""

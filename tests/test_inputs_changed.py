@@ -195,6 +195,30 @@ def test_text_edit_reruns_its_shard_unless_the_stage_leaves_text_out(project):
     assert rerun(project) == set()
 
 
+def test_a_json_lines_key_repointed_reruns_its_shard_when_only_the_audio_records_count(tmp_path):
+    """The shipped stages count only wav.scp and segments (they read the audio alone). Over a JSON Lines manifest
+    that selection counts the whole record, whose audio path is in it: repointing k2's audio reruns shard 2, even
+    with the audio identity off, and the merged line is the new audio's. (It counted nothing there before
+    2026-11-26: the shard kept the old audio's result and status said current.)"""
+    import json
+
+    wd = make_audio_project(tmp_path / "wf")
+    manifest = wd / "data/six.jsonl"
+    manifest.write_text("".join(json.dumps({"key": k, "audio": f"data/six/wav/{k}.wav", "text": f"words of {k}"})
+                                + "\n" for k in KEYS))
+    config = read_config(wd)
+    config["datasets"] = {"six": {"path": "data/six.jsonl", "format": "jsonl"}}
+    config["stages"]["energy"]["fingerprint"] = {"records": ["wav.scp", "segments"], "audio": False}
+    write_config(wd, config)
+    assert run_snakemake(wd).returncode == 0
+    energy = dict(line.split() for line in (wd / SET / "energy").read_text().splitlines())
+    manifest.write_text(manifest.read_text().replace("data/six/wav/k2.wav", "data/six/wav/k4.wav"))
+    assert "its keys' records" in status(wd)
+    assert rerun(wd) == {2}
+    after = dict(line.split() for line in (wd / SET / "energy").read_text().splitlines())
+    assert after == {**energy, "k2": energy["k4"]}
+
+
 def test_audio_identity_opt_out_skips_the_stat(project):
     """`fingerprint.audio: false` (huge sets on slow filesystems): after the switch, an in-place audio edit
     reruns nothing, as documented; the fingerprints record no audio identity."""

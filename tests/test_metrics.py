@@ -765,3 +765,16 @@ def test_normalization_is_jiwers_transforms_exactly():
     for _ in range(2000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
         assert mine(text) == theirs(text), text
+
+
+def test_bad_updates_are_refused_naming_what_is_wrong():
+    """A negative weight would make a count of values negative; a NaN target or prediction would turn every
+    regression metric into NaN, silently (BinaryScores refuses non-finite scores the same way)."""
+    meter = AverageMeter()
+    with pytest.raises(ValueError, match=r"AverageMeter.update: n=-1; a weight is a count of values, 0 or more"):
+        meter.update(1.0, n=-1)
+    assert meter.count == 0
+    regression = RegressionMetrics()
+    with pytest.raises(ValueError, match=r"must be finite; got 0 non-finite target\(s\), 1 non-finite prediction"):
+        regression.update([1.0, 2.0, 3.0], [1.0, float("nan"), 3.0])
+    assert regression.state()["count"] == 0

@@ -122,6 +122,8 @@ def is_pipe(value: str) -> bool:
 def _seconds(value, where: str, what: str) -> float:
     """A duration or time in seconds: a finite number, else an error naming ``where``."""
     try:
+        if isinstance(value, bool):  # JSON's true would read as 1 s
+            raise TypeError
         seconds = float(value)
     except (TypeError, ValueError):
         raise DataError(f"{where}: {what} {value!r} is not a number of seconds") from None
@@ -140,7 +142,8 @@ def duration_seconds(value, where: str, what: str) -> float:
 def _read_kaldi_dir(path: Path, with_records: bool = True) -> list[Item]:
     wav_scp = path / "wav.scp"
     if not wav_scp.is_file():
-        raise DataError(f"{path}: not a Kaldi data dir (no wav.scp)")
+        hint = "; a JSON Lines manifest needs format: jsonl in its datasets entry" if path.is_file() else ""
+        raise DataError(f"{path}: not a Kaldi data dir (no wav.scp){hint}")
     wavs = {}
     items = []
     for key, value, line_no in _read_kaldi_table(wav_scp):
@@ -219,12 +222,19 @@ def jsonl_record(line: str, where: str):
     try:
         return json.loads(line)
     except json.JSONDecodeError as e:
+        if line.startswith("\ufeff"):  # an editor's byte order mark
+            path = where.rsplit(":", 1)[0]
+            raise DataError(f"{where}: the file starts with a UTF-8 byte order mark (BOM), which JSON Lines does not "
+                            f"allow; remove it, e.g. sed -i '1s/^\\xEF\\xBB\\xBF//' {path}") from None
         raise DataError(f"{where}: not valid JSON ({e.msg})") from None
 
 
 def jsonl_values(record, where: str, key_field: str, audio_field: str, duration_field: str) -> tuple:
     """(key, audio path or None, seconds or None) of a JSON Lines record, validated; errors name ``where``."""
-    if not isinstance(record, dict) or key_field not in record:
+    if not isinstance(record, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(record), "a number")
+        raise DataError(f"{where}: {kind}, not a JSON object; a JSON Lines record is one {{...}} per line")
+    if key_field not in record:
         raise DataError(f"{where}: record has no key field {key_field!r}")
     key = record[key_field]
     if not isinstance(key, str):
@@ -433,9 +443,11 @@ class KaldiDataset:
         from snakeshard.io.audio import read_item_audio
 
         item = self._item(key)
-        if item.audio is None:
-            raise DataError(f"key {key!r} ({item.source}) has no audio")
         source = source_spec(self.spec)
+        if item.audio is None:
+            field = (f"; datasets.{source['name']}.audio_field is {source.get('audio_field', 'audio')!r}"
+                     if source.get("format") == "jsonl" and source.get("name") else "")
+            raise DataError(f"key {key!r} ({item.source}) has no audio{field}")
         return read_item_audio(item, dtype=dtype, sample_rate=self.spec.get("sample_rate"),
                                max_overshoot=float(source.get("max_segment_overshoot", 0.0)), dataset=source.get("name"))
 

@@ -42,6 +42,8 @@ class AverageMeter:
     def update(self, value, n: int = 1) -> None:
         import numpy as np
 
+        if n < 0:
+            raise ValueError(f"AverageMeter.update: n={n}; a weight is a count of values, 0 or more")
         value = _as_value(value)
         if self.count and np.shape(value) != np.shape(self.sum):
             raise ValueError(f"AverageMeter: a value of shape {np.shape(value)}, earlier values "

@@ -34,6 +34,10 @@ class RegressionMetrics(Metric):
             raise ValueError(f"RegressionMetrics.update: {y.size} targets but {p.size} predictions")
         if not y.size:
             return
+        if not (np.isfinite(y).all() and np.isfinite(p).all()):  # one NaN would make every metric NaN, silently
+            raise ValueError("RegressionMetrics.update: targets and predictions must be finite; got "
+                             f"{int((~np.isfinite(y)).sum())} non-finite target(s), {int((~np.isfinite(p)).sum())} "
+                             "non-finite prediction(s)")
         error = p - y
         batch = {"count": int(y.size), "mean_target": float(y.mean()), "mean_prediction": float(p.mean()),
                  "m2_target": float(((y - y.mean()) ** 2).sum()), "m2_prediction": float(((p - p.mean()) ** 2).sum()),

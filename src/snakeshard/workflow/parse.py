@@ -48,6 +48,16 @@ TRAIN_SPEC = "train.json"  # a training stage's spec, in its train set's dir (wh
 SIGNAL_SECONDS = 120  # a training job's SIGTERM before its SLURM time limit: a checkpoint takes seconds, not minutes
 
 
+def counted_records(selected: list[str]) -> set[str]:
+    """The record files ``fingerprint.records`` counts. A JSON Lines record holds the key's audio path as well as
+    its labels: it counts whole whenever ``wav.scp`` or ``segments`` (the audio) count, so that a stage which
+    reads only the audio is rerun when a key's audio path changes, at the price of a rerun on a label edit."""
+    counted = set(selected)
+    if counted & {"wav.scp", "segments"}:
+        counted.add(JSONL_RECORD)
+    return counted
+
+
 @contextlib.contextmanager
 def exit_on_user_error():
     """Around the Snakefile's parse-time calls: a bad config or bad data (a ``SnakeshardError``) ends the
@@ -503,7 +513,8 @@ class Workflow:
         fp = stage_fingerprint(spec, __version__, code)
         audio = self._audio_digests(base, plan, options, stat_cache, reuse_audio_identity)
         upstream = self._upstream_digests(stage, ds) if up else [""] * plan["num_shards"]
-        inputs = [{"keys": s["keys_digest"], "records": records_digest(s["records"], options["records"]),
+        counted = counted_records(options["records"])
+        inputs = [{"keys": s["keys_digest"], "records": records_digest(s["records"], counted),
                    "audio": a, "upstream": u} for s, a, u in zip(plan["shards"], audio, upstream)]
         for entry in inputs:
             entry["fingerprint"] = shard_fingerprint(fp, entry["keys"], entry["records"], entry["audio"],
@@ -666,6 +677,11 @@ class Workflow:
 
     def job_done_files(self, stage: str, dataset: str) -> list[str]:
         """What the merge waits for: each shard job's output (with ``shards_per_job``, one per K shards)."""
+        if (stage, dataset) not in self.plans:  # a rule of the user's asks for a set the config does not plan
+            with exit_on_user_error():
+                raise ConfigError(f"{set_dir(self.config, stage, dataset)}/merged.json is asked for, but no stage "
+                                  f"{stage!r} runs over a dataset {dataset!r}: the config plans "
+                                  + ", ".join(f"{s}/{d}" for s, d in self.plans))
         shards = range(self.num_shards(stage, dataset))
         return list(dict.fromkeys(self.shard_job_files(stage, dataset, n)[1] for n in shards))
 

@@ -49,7 +49,7 @@ def init_project(directory: str | os.PathLike, data: str | None = None) -> list[
     config = config.replace("__SHARDING__", "shard_seconds: 18" if data is None else "shard_size: 1000")
     (root / "config").mkdir(exist_ok=True)
     (root / "config/config.yaml").write_text(config.replace("__DATASET_FORMAT__", fmt))
-    shutil.copyfile(TEMPLATE_DIR / "Snakefile", root / "Snakefile")
+    (root / "Snakefile").write_text((TEMPLATE_DIR / "Snakefile").read_text().replace("__DATASET_NAME__", name))
     shutil.copyfile(TEMPLATE_DIR / "my_stage.py", root / "my_stage.py")
     for profile in ("local", "slurm"):
         (root / "profiles" / profile).mkdir(parents=True, exist_ok=True)
