@@ -13,9 +13,10 @@ the DAG) and the bench toy runner. Per size:
     forked workers: the sum of their PSS, sampled every 0.1 s; the sampling slows it, so its time is not used).
 
 ``--workers N`` sets SNAKESHARD_PLAN_WORKERS for every run (1: plan in the driver alone); unset, the default.
+``--rich``: lines as a corpus's manifest has them (an audio path, a text, a speaker: ~150 bytes, not 42).
 
     python bench/plan_scale.py [--sizes 1000000 3000000 10000000] [--repeats 1] [--reference-max 1000000]
-                               [--workers N]
+                               [--workers N] [--rich]
 """
 
 from __future__ import annotations
@@ -49,23 +50,35 @@ print(json.dumps([time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_S
 '''
 
 
-def manifest(n: int) -> Path:
-    """The N-key manifest, written once and reused across runs (bench/work is not in git)."""
-    path = WORK / f"manifest-{n}.jsonl"
+WAVS = sorted(str(p) for p in (ROOT / "data/demo/wav").glob("*.wav"))
+WORDS = "the of and to in he was that it his her with as had for you on not".split()
+
+
+def manifest(n: int, rich: bool = False) -> Path:
+    """The N-key manifest, written once and reused across runs (bench/work is not in git). ``rich``: each line
+    also has an absolute audio path (the 10 demo recordings in turn: each is checked to exist), a text of 3-12
+    words and a speaker, as a corpus's manifest has (~150 bytes a line instead of 42)."""
+    path = WORK / f"manifest-{'rich-' * rich}{n}.jsonl"
     if not path.exists():
         rng = random.Random(0)
         WORK.mkdir(parents=True, exist_ok=True)
         with open(f"{path}.tmp", "w") as f:
             for i in range(n):
-                f.write(f'{{"key": "utt{i:09d}", "duration": {round(rng.uniform(1, 10), 2)}}}\n')
+                duration = round(rng.uniform(1, 10), 2)
+                if rich:
+                    text = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(3, 13)))
+                    f.write(json.dumps({"key": f"utt{i:09d}", "audio": WAVS[i % len(WAVS)], "duration": duration,
+                                        "text": text, "speaker": f"spk{i % 2000:04d}"}) + "\n")
+                else:
+                    f.write(f'{{"key": "utt{i:09d}", "duration": {duration}}}\n')
         os.replace(f"{path}.tmp", path)
     return path
 
 
-def project(n: int) -> Path:
-    wd = fresh_project(WORK / f"n{n}")
+def project(n: int, rich: bool = False) -> Path:
+    wd = fresh_project(WORK / f"n{n}{'-rich' * rich}")
     (wd / "toy_stage.py").write_text(TOY_STAGE_MODULE)
-    shutil.copyfile(manifest(n), wd / "items.jsonl")  # its own copy: the appended case writes to it
+    shutil.copyfile(manifest(n, rich), wd / "items.jsonl")  # its own copy: the appended case writes to it
     config = {"canary": 0, "datasets": {"big": {"path": "items.jsonl", "format": "jsonl"}},
               "stages": {"count": {"runner": "toy_stage.Runner", "provider": "toy_stage.Provider",
                                    "datasets": ["big"], "sharding": {"shard_size": 10000}}}}
@@ -98,6 +111,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--reference-max", type=int, default=1000000)
     ap.add_argument("--workers", help="SNAKESHARD_PLAN_WORKERS for every run (unset: the default)")
+    ap.add_argument("--rich", action="store_true", help="manifests with audio paths, text and speakers")
     args = ap.parse_args()
     if args.workers:
         os.environ["SNAKESHARD_PLAN_WORKERS"] = args.workers
@@ -117,8 +131,8 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in args.sizes:
         for _ in range(args.repeats):
-            path = manifest(n)
-            wd = project(n)
+            path = manifest(n, args.rich)
+            wd = project(n, args.rich)
             cold = measured(dry, wd)
             warm = measured(dry, wd)
             with open(wd / "items.jsonl", "a") as f:

@@ -363,7 +363,9 @@ def _has_control(key: str) -> bool:
 
 def check_audio_exists(items: list[Item]) -> None:
     """Fail before any job runs if a plain audio path is missing (pipes are not checked)."""
-    missing = [i for i in items if i.audio and not is_pipe(i.audio) and not os.path.exists(i.audio)]
+    # each recording looked up once: the segments of one recording share it
+    gone = {a for a in {i.audio for i in items} if a and not is_pipe(a) and not os.path.exists(a)}
+    missing = [i for i in items if i.audio in gone] if gone else []
     if missing:
         listed = [f"key {i.key!r}: {i.audio} ({i.source})" for i in missing[:MAX_LISTED]]
         raise missing_audio_error(len(missing), listed, relative=any(not os.path.isabs(i.audio) for i in missing))

@@ -179,9 +179,9 @@ class JsonlManifest:
                         bad_key_count += 1
                         if len(bad_keys) < MAX_LISTED:
                             bad_keys.append(f"{key!r} ({path}:{n})")
-            if audio is not None:
+            if audio is not None and (gone := absent_audio(audio)):
                 for key, a, n in zip(keys, audio, numbers):
-                    if a and not is_pipe(a) and not os.path.exists(a):
+                    if a in gone:
                         absent_count += 1
                         absent_relative = absent_relative or not os.path.isabs(a)
                         if len(absent) < MAX_LISTED:
@@ -264,7 +264,7 @@ class JsonlManifest:
             if not (all(keys) and " " not in (joined := "".join(keys)) and joined.isprintable()):
                 if any(map(bad_key, keys)):
                     return None
-            if audio is not None and any(a and not is_pipe(a) and not os.path.exists(a) for a in audio):
+            if audio is not None and absent_audio(audio):
                 return None
             blocks.append([block_offset, numbers[0], len(seconds), len(keys)])
             key_blocks.append("\n".join(keys))
@@ -447,7 +447,7 @@ class JsonlManifest:
         if len(columns) != len(meta["blocks"]):
             return None
         audio_blocks = [audio for _, audio in columns]
-        if any(a and not is_pipe(a) and not os.path.exists(a) for audio in audio_blocks for a in audio or ()):
+        if absent_audio(chain.from_iterable(audio for audio in audio_blocks if audio)):
             return None  # an audio file gone since: read it all, to name it with its key and line as always
         self.key_blocks = [keys for keys, _ in columns]
         self.audio_blocks = audio_blocks
@@ -527,6 +527,12 @@ class JsonlManifest:
             items_json = _encoder.encode(list(zip(keys, sources, audio, seconds)))
             record_lines = "".join(chain.from_iterable(zip(keys, repeat("\t"), lines, repeat("\n"))))  # key\tline\n
             yield Rows(keys, items_json, audio, seconds, {JSONL_RECORD: record_lines}, "[" + ",".join(lines) + "]")
+
+
+def absent_audio(paths) -> set[str]:
+    """The plain audio files among ``paths`` that do not exist, each looked up once (keys cut from one recording
+    by segments share it: 1,000,000 keys over 10 files were 2.5 s of stat calls)."""
+    return {a for a in set(paths) if a and not is_pipe(a) and not os.path.exists(a)}
 
 
 def scan_manifest(spec: dict, cache_dir=None):
