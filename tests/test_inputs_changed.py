@@ -219,6 +219,21 @@ def test_a_json_lines_key_repointed_reruns_its_shard_when_only_the_audio_records
     assert after == {**energy, "k2": energy["k4"]}
 
 
+def test_a_sharding_change_is_told_as_a_new_cut_not_as_changed_audio(project):
+    """Shards of 1 key become shards of 2: each shard holds other keys, and with them other records and audio
+    files; status names the cause, the new cut, and not audio or records that did not change."""
+    import re
+
+    config = read_config(project)
+    config["stages"]["energy"]["sharding"] = {"shard_size": 2}
+    write_config(project, config)
+    out = status(project)
+    for n in range(3):
+        assert re.search(rf"split\.{n} +stale +2 items +changed since it ran: its keys \(the plan was cut anew\)\n",
+                         out), out
+    assert "audio files" not in out and "records" not in out, out
+
+
 def test_audio_identity_opt_out_skips_the_stat(project):
     """`fingerprint.audio: false` (huge sets on slow filesystems): after the switch, an in-place audio edit
     reruns nothing, as documented; the fingerprints record no audio identity."""

@@ -98,7 +98,7 @@ def merged_state(set_dir: Path, inputs: str) -> str:
 
 
 # What a stale shard's done differs in, in the words status uses.
-STALE_CAUSES = {"keys": "its keys", "records": "its keys' records (wav.scp, segments, text, utt2spk or jsonl)",
+STALE_CAUSES = {"keys": "its keys (the plan was cut anew)", "records": "its keys' records (wav.scp, segments, text, utt2spk or jsonl)",
                 "audio": "its audio files (size or mtime)", "stage": "the stage's config, model files or code",
                 "upstream": "the upstream stage's output for its keys"}
 
@@ -120,8 +120,11 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple
                                  + moved_fix(shard_dir.parent.parent.name))
             return "done", ""
         had = done.get("inputs") or {}
-        changed = [what for part, what in STALE_CAUSES.items() if part in had and had[part] != expected[part]]
-        return "stale", "changed since it ran: " + (", ".join(changed) if changed else "its inputs, config or code")
+        changed = [part for part in STALE_CAUSES if part in had and had[part] != expected[part]]
+        if "keys" in changed:  # a plan cut anew: other keys come with other records and audio, nothing to tell
+            changed = [part for part in changed if part not in ("records", "audio")]
+        return "stale", "changed since it ran: " + (", ".join(STALE_CAUSES[part] for part in changed)
+                                                    or "its inputs, config or code")
     lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
     own = [n for n, line in enumerate(lines) if line.startswith((f"{ERROR_PREFIX}shard {shard} ",
                                                                    f"{ERROR_PREFIX}shard {shard}:"))]
