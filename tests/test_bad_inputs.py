@@ -74,7 +74,7 @@ DATA_CASES = [
     ("kaldi-key-with-space", lambda wd: append_line(wd, "utt 1 data/x.wav"),
      ["data/toy/wav.scp:41", "'utt 1 data/x.wav'", "keys and paths must be free of whitespace"]),
     ("jsonl-key-with-space", lambda wd: use_jsonl(wd, ["a", "b", "a b", "c"]),
-     ["key(s) are empty or contain whitespace", "'a b'", "data/x.jsonl:3"]),
+     ["datasets.toy: 1 key(s) are empty or contain whitespace", "'a b'", "data/x.jsonl:3"]),
     ("empty-key-list", lambda wd: (wd / "data/toy/wav.scp").write_text(""),
      ["datasets.toy: dataset data/toy has no items", "data/toy/wav.scp lists no key"]),
     ("blank-line", lambda wd: append_line(wd, ""),
@@ -399,7 +399,7 @@ BAD_FIELD_CASES = [
      ["data/x.jsonl:1", "audio"]),
     ("jsonl-duration-true",  # JSON's true is no 1 s
      lambda wd: write_jsonl(wd, [{"key": "a", "audio": WAV, "duration": 1}, {"key": "b", "audio": WAV, "duration": True}]),
-     ["data/x.jsonl:2: 'duration' of 'b' True is not a number of seconds"]),
+     ["snakeshard: error: datasets.toy: ", "data/x.jsonl:2: 'duration' of 'b' True is not a number of seconds"]),
     ("jsonl-line-an-array", lambda wd: write_jsonl(wd, [{"key": "a", "audio": WAV}, ["b", WAV]]),
      ["data/x.jsonl:2: an array, not a JSON object; a JSON Lines record is one {...} per line"]),
     ("jsonl-with-a-bom", lambda wd: write_jsonl(wd, [{"key": "a", "audio": WAV}], bom=True),

@@ -31,7 +31,8 @@ def _workflow(args):
 
 def cmd_plan(args) -> int:
     from snakeshard.core.plan import format_plan_table, make_plan
-    from snakeshard.workflow.parse import load_config, run_spec, stage_sets, validate_config, without_project_keys
+    from snakeshard.workflow.parse import (load_config, naming_dataset, run_spec, stage_sets, validate_config,
+                                           without_project_keys)
 
     config = without_project_keys(load_config(args.config), args.config)
     validate_config(config)
@@ -39,7 +40,8 @@ def cmd_plan(args) -> int:
         if args.stage and stage != args.stage:
             continue
         spec = run_spec(config, stage, ds)
-        plan = make_plan(spec["dataset"], config["stages"][stage]["sharding"], forked=True)  # in memory: writes nothing
+        with naming_dataset(ds):
+            plan = make_plan(spec["dataset"], config["stages"][stage]["sharding"], forked=True)  # in memory: writes nothing
         print(format_plan_table(plan, f"stage {stage}, dataset {ds}:"))
     return 0
 

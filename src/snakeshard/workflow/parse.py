@@ -59,6 +59,18 @@ def counted_records(selected: list[str]) -> set[str]:
 
 
 @contextlib.contextmanager
+def naming_dataset(name: str):
+    """Bad data found while planning (its file, line and key named) names the config entry it came from too:
+    ``datasets.<name>: <path>:<line>: ...``."""
+    try:
+        yield
+    except DataError as e:
+        if str(e).startswith(f"datasets.{name}"):
+            raise
+        raise DataError(f"datasets.{name}: {e}") from e.__cause__
+
+
+@contextlib.contextmanager
 def exit_on_user_error():
     """Around the Snakefile's parse-time calls: a bad config or bad data (a ``SnakeshardError``) ends the
     parse with its one ``snakeshard: error:`` line on stderr and exit status 1, as the CLI's errors do.
@@ -493,7 +505,8 @@ class Workflow:
         base = set_dir(self.config, stage, ds)
         spec = run_spec(self.config, stage, ds)
         options = spec["fingerprint"]
-        plan = ensure_plan(base, spec["dataset"], self.config["stages"][stage]["sharding"])
+        with naming_dataset(ds):
+            plan = ensure_plan(base, spec["dataset"], self.config["stages"][stage]["sharding"])
         up = self.upstream.get((stage, ds))
         if up:
             # A chained set's shard job reads the upstream shards that hold its keys (checked current by the job);
