@@ -42,6 +42,17 @@ def test_shipped_kaldi_datasets_plan_as_before(tmp_path, sharding):
         same_as_reference(tmp_path, {"path": str(path), "format": "kaldi", "name": path.name}, sharding)
 
 
+def same_error_as_reference(set_dir: Path, spec: dict, sharding: dict) -> str:
+    """The DataError message planning ``spec`` gives, checked equal to the old planner's; nothing written."""
+    with pytest.raises(DataError) as old:
+        reference_files(spec, sharding)
+    with pytest.raises(DataError) as new:
+        ensure_plan(set_dir, spec, sharding)
+    assert str(new.value) == str(old.value)
+    assert not set_dir.exists()
+    return str(new.value)
+
+
 def varied_manifest(path: Path, n: int, seed: int = 0) -> dict:
     """n records as users write them: blank and CRLF lines, non-ASCII keys and text, int, float, string and
     missing durations (a missing one has audio to read it from), extra fields, keys of many lengths."""
@@ -125,23 +136,20 @@ BAD_LINES = {
 
 @pytest.mark.parametrize("what", sorted(BAD_LINES))
 @pytest.mark.parametrize("block_bytes", [manifest.BLOCK_BYTES, 300])
-def test_a_bad_record_fails_as_before_naming_file_and_line(tmp_path, monkeypatch, what, block_bytes):
-    """Each bad record, at line 62 of 80 (after a blank line), in one block or many: the same DataError the
-    old planner gave, and nothing written."""
+@pytest.mark.parametrize("workers", ["1", "3"])
+def test_a_bad_record_fails_as_before_naming_file_and_line(tmp_path, monkeypatch, what, block_bytes, workers):
+    """Each bad record, at line 62 of 80 (after a blank line), in one block or many, planned in one process or in
+    three forked ones (a worker that meets it hands the manifest back to the driver): the same DataError the old
+    planner gave, and nothing written."""
     monkeypatch.setattr(manifest, "BLOCK_BYTES", block_bytes)
+    monkeypatch.setenv("SNAKESHARD_PLAN_WORKERS", workers)
     lines = [json.dumps({"key": f"k{i:02d}", "duration": 1.5}) for i in range(79)]
     lines.insert(10, "")
     lines.insert(61, BAD_LINES[what])
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(lines) + "\n")
     spec = {"path": str(path), "format": "jsonl"}
-    with pytest.raises(DataError) as old:
-        reference_files(spec, {"shard_seconds": 10})
-    with pytest.raises(DataError) as new:
-        ensure_plan(tmp_path / "set", spec, {"shard_seconds": 10})
-    assert str(new.value) == str(old.value)
-    assert f"{path}:62" in str(new.value)
-    assert not (tmp_path / "set").exists()
+    assert f"{path}:62" in same_error_as_reference(tmp_path / "set", spec, {"shard_seconds": 10})
 
 
 @pytest.mark.parametrize("content, where", [(b"", "empty"), (b"\n  \n\n", "blank lines only"),
@@ -422,36 +430,12 @@ def test_forked_planning_writes_what_one_process_writes(tmp_path, monkeypatch, b
     assert str(os.getpid()) not in {pid for name, pid in ran if name == "_scan_range"}
 
 
-@pytest.mark.parametrize("what", ["not JSON", "a space in the key", "zero duration", "missing audio",
-                                  "a NBSP in the key", "two values"])
-def test_a_bad_record_in_a_forked_range_fails_as_in_one_process(tmp_path, monkeypatch, what):
-    """A worker that meets a bad record hands the manifest back to the driver, which names it as always."""
-    monkeypatch.setattr(manifest, "BLOCK_BYTES", 300)
-    monkeypatch.setenv("SNAKESHARD_PLAN_WORKERS", "3")
-    lines = [json.dumps({"key": f"k{i:02d}", "duration": 1.5}) for i in range(79)]
-    lines.insert(61, BAD_LINES[what])
-    path = tmp_path / "bad.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    spec = {"path": str(path), "format": "jsonl"}
-    with pytest.raises(DataError) as old:
-        reference_files(spec, {"num_shards": 4})
-    with pytest.raises(DataError) as new:
-        ensure_plan(tmp_path / "set", spec, {"num_shards": 4})
-    assert str(new.value) == str(old.value) and f"{path}:62" in str(new.value)
-    assert not (tmp_path / "set").exists()
-
-
 def test_duplicate_keys_in_two_forked_ranges_are_named_as_in_one_process(tmp_path, monkeypatch):
     monkeypatch.setenv("SNAKESHARD_PLAN_WORKERS", "3")
     path = tmp_path / "m.jsonl"
     path.write_text("".join(json.dumps({"key": f"k{i % 290:03d}", "duration": 1.0}) + "\n" for i in range(300)))
-    spec = {"path": str(path), "format": "jsonl"}
-    with pytest.raises(DataError) as old:
-        reference_files(spec, {"num_shards": 4})
-    with pytest.raises(DataError) as new:
-        ensure_plan(tmp_path / "set", spec, {"num_shards": 4})
-    assert str(new.value) == str(old.value)
-    assert str(new.value).startswith(f"10 duplicate key(s): 'k000' ({path}:291, first at {path}:1)")
+    message = same_error_as_reference(tmp_path / "set", {"path": str(path), "format": "jsonl"}, {"num_shards": 4})
+    assert message.startswith(f"10 duplicate key(s): 'k000' ({path}:291, first at {path}:1)")
 
 
 def test_a_forked_planner_that_dies_fails_the_plan_naming_the_way_out(tmp_path, monkeypatch):

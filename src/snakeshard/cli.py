@@ -40,8 +40,8 @@ def cmd_plan(args) -> int:
         if args.stage and stage != args.stage:
             continue
         spec = run_spec(config, stage, ds)
-        with naming_dataset(ds):
-            plan = make_plan(spec["dataset"], config["stages"][stage]["sharding"], forked=True)  # in memory: writes nothing
+        with naming_dataset(ds):  # in memory: writes nothing
+            plan = make_plan(spec["dataset"], config["stages"][stage]["sharding"], forked=True)
         print(format_plan_table(plan, f"stage {stage}, dataset {ds}:"))
     return 0
 
@@ -100,7 +100,8 @@ def merged_state(set_dir: Path, inputs: str) -> str:
 
 
 # What a stale shard's done differs in, in the words status uses.
-STALE_CAUSES = {"keys": "its keys (the plan was cut anew)", "records": "its keys' records (wav.scp, segments, text, utt2spk or jsonl)",
+STALE_CAUSES = {"keys": "its keys (the plan was cut anew)",
+                "records": "its keys' records (wav.scp, segments, text, utt2spk or jsonl)",
                 "audio": "its audio files (size or mtime)", "stage": "the stage's config, model files or code",
                 "upstream": "the upstream stage's output for its keys"}
 

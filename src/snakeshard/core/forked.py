@@ -1,7 +1,8 @@
 """A big manifest's planning spread over forked processes (the planner's two passes, core/manifest.py and plan.py).
 
-Planning runs in the Snakemake driver, often on a login node with cores to spare, and costs ~4-5 µs a key in
-one process (48.6 s for a cold ``snakemake -n`` at 10,000,000 keys, bench/RESULTS.md section 21). Both passes
+Planning runs in the Snakemake driver, often on a login node with cores to spare, and costs ~4 µs a key in one
+process (a cold ``snakemake -n`` at 10,000,000 keys: 35 s; with two forked workers 19.8 s, bench/RESULTS.md
+section 26). Both passes
 cut into independent parts (byte ranges of the manifest; runs of consecutive shards), so each part is computed in
 a process forked from the driver: it inherits the columns pass 1 kept without a copy or a pickle, and only its
 result comes back. Forked, not spawned: a spawned process would import snakeshard again and be sent the columns.

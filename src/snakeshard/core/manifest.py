@@ -14,6 +14,10 @@ key):
   where they were declared, and their lines as written) are made as its lines go by, so one shard at a
   time is in memory. No JSON is parsed again: the lines are copied into the slices as written.
 
+A big manifest's two passes run in processes forked from the driver (core/forked.py): pass 1 over byte ranges
+of the file (``_scan_forked``; a range with anything bad in it is read again here, so errors are the same), pass 2
+over runs of consecutive shards (``plan.make_plan``).
+
 Pass 1's columns are kept beside the plan (``save``, in ``manifest_cache/``). A manifest that has only grown
 by whole lines since (its old bytes unchanged: their SHA-256) resumes from them and parses only its new
 lines; the plan then keeps its leading shards that hold the same items as before (``plan.make_plan``).
