@@ -154,8 +154,11 @@ def test_a_bad_record_fails_as_before_naming_file_and_line(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("content, where", [(b"", "empty"), (b"\n  \n\n", "blank lines only"),
                                             (b'{"key": "a"}\n{"key": "b\xe9"}\n', "latin-1 byte")])
-def test_empty_or_undecodable_manifests_fail_as_before(tmp_path, monkeypatch, content, where):
+@pytest.mark.parametrize("workers", ["1", "3"])
+def test_empty_or_undecodable_manifests_fail_as_before(tmp_path, monkeypatch, content, where, workers):
+    """In one process and forked (an empty file there failed with `OSError: Invalid argument` until 2026-11-26)."""
     monkeypatch.setattr(manifest, "BLOCK_BYTES", 8)
+    monkeypatch.setenv("SNAKESHARD_PLAN_WORKERS", workers)
     path = tmp_path / "m.jsonl"
     path.write_bytes(content)
     spec = {"path": str(path), "format": "jsonl", "name": "m"}
@@ -456,6 +459,31 @@ def test_a_forked_planner_that_dies_fails_the_plan_naming_the_way_out(tmp_path, 
     monkeypatch.undo()
     ensure_plan(tmp_path / "set", spec, {"shard_size": 16})
     assert written_files(tmp_path / "set") == reference_files(spec, {"shard_size": 16})
+
+
+@pytest.mark.parametrize("ending", ["\n", ""])
+def test_a_forked_plan_describes_the_manifest_for_an_append_as_one_process_does(tmp_path, monkeypatch, ending):
+    """What the cache keeps to tell an appended manifest from an edited one (size, SHA-256 of the bytes, lines, the
+    last newline, items) is the same whether pass 1 ran forked or here: were it not, every append would read the
+    whole manifest again, unseen."""
+    path = tmp_path / "m.jsonl"
+    path.write_text(lines_of(300).rstrip("\n") + ending)
+    spec = {"path": str(path), "format": "jsonl"}
+    described = {}
+    for workers in ("1", "3"):
+        monkeypatch.setenv("SNAKESHARD_PLAN_WORKERS", workers)
+        ensure_plan(tmp_path / workers, spec, {"shard_size": 16})
+        meta = json.loads((tmp_path / workers / manifest.CACHE_DIR / manifest.CACHE_META).read_text())
+        described[workers] = {k: meta[k] for k in ("size", "sha256", "lines", "ends_with_newline", "num_items")}
+    assert described["3"] == described["1"]
+    assert described["1"]["ends_with_newline"] == (ending == "\n") and described["1"]["num_items"] == 300
+
+
+def test_manifests_from_4_mb_are_planned_by_a_process_a_core_at_most_4():
+    from snakeshard.core.forked import MAX_WORKERS, PARALLEL_BYTES, plan_workers
+
+    assert plan_workers(PARALLEL_BYTES - 1) == 1
+    assert plan_workers(PARALLEL_BYTES) == min(MAX_WORKERS, len(os.sched_getaffinity(0)))
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1"])

@@ -37,7 +37,7 @@ def plan_workers(num_bytes: int) -> int:
         return int(given)
     if num_bytes < PARALLEL_BYTES or not sys.platform.startswith("linux"):  # macOS: fork is unsafe under its libs
         return 1
-    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+    return min(MAX_WORKERS, len(os.sched_getaffinity(0)))
 
 
 def map_forked(func, parts: list, workers: int, meanwhile=None):
