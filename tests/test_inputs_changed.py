@@ -234,6 +234,21 @@ def test_a_sharding_change_is_told_as_a_new_cut_not_as_changed_audio(project):
     assert "audio files" not in out and "records" not in out, out
 
 
+def test_a_plan_of_fewer_shards_removes_the_old_shard_dirs_after_its_merge(project):
+    """Six shards of 1 key become three of 2: after the merge, split.3..5 and their logs (nothing reads them any
+    more) are gone, the merge log says so, and the merged output is the same as before."""
+    before = merged(project)
+    config = read_config(project)
+    config["stages"]["energy"]["sharding"] = {"shard_size": 2}
+    write_config(project, config)
+    assert rerun(project) == {0, 1, 2}
+    assert sorted(p.name for p in (project / SET).glob("split.*")) == ["split.0", "split.1", "split.2"]
+    assert sorted(p.name for p in (project / SET / "logs").glob("split.*")) == [f"split.{n}.log" for n in range(3)]
+    assert ("removed split.3..split.5 (3 directories an earlier plan of more shards left): the plan has 3 shards"
+            in (project / SET / "logs/merge.log").read_text())
+    assert merged(project) == before
+
+
 def test_audio_identity_opt_out_skips_the_stat(project):
     """`fingerprint.audio: false` (huge sets on slow filesystems): after the switch, an in-place audio edit
     reruns nothing, as documented; the fingerprints record no audio identity."""

@@ -53,7 +53,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    from snakeshard.core.merge import merge_set
+    from snakeshard.core.merge import merge_set, remove_unplanned_shards
     from snakeshard.core.plan import shards_text
     from snakeshard.errors import MergeError
     from snakeshard.workflow.parse import read_fingerprints
@@ -70,6 +70,10 @@ def cmd_merge(args) -> int:
         record = merge_set(Path(args.set_dir), plan, fingerprints, runner_cls)
     print(f"merged {shards_text(record['shards'])}, {record['items']} items into {args.set_dir}: "
           f"{', '.join(record['files'])}")
+    removed = remove_unplanned_shards(Path(args.set_dir), record["shards"])
+    if removed:
+        print(f"removed split.{removed[0]}..split.{removed[-1]} ({len(removed)} directories an earlier plan of more "
+              f"shards left): the plan has {shards_text(record['shards'])}")
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import zlib
 from pathlib import Path
 
@@ -332,6 +333,20 @@ def merge_set(set_dir: Path, plan: dict, fingerprints: dict, runner_cls) -> dict
     for name in [*record["files"], summary, "merged.json"]:  # what a merge killed before its renames left
         remove_temps_of(set_dir / name)
     return record
+
+
+def remove_unplanned_shards(set_dir: Path, num_shards: int) -> list[int]:
+    """Remove the ``split.N`` directories (and their logs) numbered past the plan: an earlier plan of more shards
+    (a smaller ``shard_size``, fewer keys) left them, nothing reads them, and a feature stage's hold gigabytes.
+    Called after the merge has succeeded, so a failed run keeps every file it had. Returns their numbers."""
+    removed = []
+    for entry in os.scandir(set_dir):
+        number = entry.name.removeprefix("split.")
+        if entry.is_dir() and number != entry.name and number.isdigit() and int(number) >= num_shards:
+            shutil.rmtree(entry.path)
+            Path(set_dir, "logs", f"split.{number}.log").unlink(missing_ok=True)
+            removed.append(int(number))
+    return sorted(removed)
 
 
 def merged_record(set_dir) -> dict | None:
