@@ -204,8 +204,9 @@ def _avx512() -> bool:
 
 
 # An open defect, not a tolerance: on an Intel Xeon with AVX-512 a resume at some steps drifts from the
-# uninterrupted run in the last bits from its second update on (docs/recipe-digits.md, "Known gap"). The test runs
-# there as it does everywhere and reports XPASS when the resume happens to be exact.
+# uninterrupted run in the last bits from its second update on (docs/recipe-digits.md, "Known gap"; narrowed to torch's
+# CPU kernels with 2 threads in bench/RESULTS.md section 27). The test runs there as it does everywhere and reports
+# XPASS when the resume happens to be exact.
 @pytest.mark.xfail(condition=_avx512(), strict=False,
                    reason="a resume can drift in the last bits on AVX-512 CPUs: docs/recipe-digits.md, Known gap")
 def test_kill_9_of_driver_and_jobs_at_several_points_ends_with_the_same_bytes(reference, tmp_path):
