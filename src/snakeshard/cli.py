@@ -92,15 +92,17 @@ def cmd_report(args) -> int:
 
 def merged_state(set_dir: Path, inputs: str) -> str:
     """yes (made from the current plan's inputs, here) / stale (from other inputs) / moved (its scp files point
-    into the directory it was made in) / no."""
-    from snakeshard.core.merge import merged_record, moved_from
+    into the directory it was made in) / missing (a file its merged.json lists is gone) / no."""
+    from snakeshard.core.merge import merged_record, missing_merged_files, moved_from
 
     record = merged_record(set_dir)
     if record is None:
         return "no"
     if record.get("inputs") != inputs:
         return "stale"
-    return "moved" if moved_from(set_dir, record) else "yes"
+    if moved_from(set_dir, record):
+        return "moved"
+    return "missing" if missing_merged_files(set_dir, record) else "yes"
 
 
 # What a stale shard's done differs in, in the words status uses.
@@ -172,13 +174,17 @@ def merge_failure(set_dir: Path, log: Path) -> str | None:
 
 def merged_line(merged: str, set_dir: Path, stage: str, removed: bool) -> str:
     """What status says of a set's merge (see merged_state)."""
-    from snakeshard.core.merge import merged_record, moved_fix
+    from snakeshard.core.merge import MAX_LISTED, merged_record, missing_merged_files, moved_fix, remerge_fix
 
     if merged == "yes":
         return "yes, current" + (" (the merged output does not need the removed shards' done files)" if removed else "")
     if merged == "stale":
         return ("stale (made from other data, config or code than the current plan; snakeshard refuses to read it, "
                 "the next successful snakemake run replaces it)")
+    if merged == "missing":
+        missing = missing_merged_files(set_dir, merged_record(set_dir))
+        return (f"missing {', '.join(missing[:MAX_LISTED])} (its merged.json lists it; snakeshard refuses to read the "
+                f"set): {remerge_fix(set_dir)}")
     if merged == "moved":
         return (f"moved (made in {merged_record(set_dir)['set_dir']}, and its scp files point there; snakeshard "
                 f"refuses to read it): {moved_fix(stage)}")
