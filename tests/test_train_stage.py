@@ -365,6 +365,9 @@ def test_an_empty_train_or_valid_set_is_refused_naming_it(tmp_path, split):
      "stages.train.sharding: not for a training stage"),
     (lambda c: c["stages"]["train"].update(stats={"from_stage": "stats", "dataset": "feats_valid"}),
      "stages.train.stats.dataset: stage 'stats' runs over ['feats_train'], not 'feats_valid'"),
+    (lambda c: c["stages"]["train"].update(stats={"from_stage": "fbank", "dataset": "train"}),
+     "stages.train.stats.from_stage: stage 'fbank' (runner snakeshard.stages.fbank.FbankRunner) is not a collect-stats "
+     "stage: stats: names a stage whose runner is snakeshard.stages.CollectStatsRunner"),
     (lambda c: c["stages"]["train"].pop("valid"),
      "stages.train.score.split: 'valid' (the default) needs a valid: dataset"),
     (lambda c: c["stages"]["train"].update(schedule={"strategy": "step"}),

@@ -110,6 +110,24 @@ def provider_merge_options(path: str, where: str) -> tuple[str, ...]:
     return tuple(options)
 
 
+COLLECT_STATS_RUNNER = "snakeshard.stages.collect_stats.CollectStatsRunner"
+
+
+def is_collect_stats_runner(path: str, where: str) -> bool:
+    """Whether the runner ``path`` is snakeshard's CollectStatsRunner (by any path that re-exports it, e.g.
+    ``snakeshard.stages.CollectStatsRunner``) or a class whose own source names it as a base: the stages whose
+    merged output holds ``feats_stats.npz``, what a training stage's ``stats:`` reads."""
+    import ast
+
+    module, attr, _ = _locate(path, where)
+    if f"{module}.{attr}" == COLLECT_STATS_RUNNER:
+        return True
+    found = check_import_path(path, where)
+    node = next((n for n in found[1].body if isinstance(n, ast.ClassDef) and n.name == attr), None) if found else None
+    bases = [ast.unparse(base) for base in node.bases] if node else []
+    return any(base.rpartition(".")[2] == "CollectStatsRunner" for base in bases)
+
+
 def class_literal(path: str, name: str, where: str):
     """The literal value of class attribute ``name`` in the class's own source (None if it sets none); ``where``:
     the config key naming the class."""

@@ -97,8 +97,21 @@ def _check_training(where: str, stage: dict, datasets: dict, stages: dict) -> No
         if stats["dataset"] not in source.get("datasets", ()):
             raise ConfigError(f"{where}.stats.dataset: stage {stats['from_stage']!r} runs over "
                               f"{source.get('datasets')}, not {stats['dataset']!r}")
+        _check_stats_runner(where, stats["from_stage"], source)
     stage["datasets"] = [stage["train"]] + ([stage["valid"]] if "valid" in stage else [])
     stage["sharding"] = {"num_shards": 1}
+
+
+def _check_stats_runner(where: str, name: str, source: dict) -> None:
+    """``stats.from_stage`` is a collect-stats stage: its merged output is where feats_stats.npz is read from (another
+    stage's would fail only in the training job, after every stage before it ran)."""
+    from snakeshard.core.user_source import COLLECT_STATS_RUNNER, is_collect_stats_runner
+
+    runner = source.get("runner")
+    if is_training(source) or not runner or not is_collect_stats_runner(runner, f"stages.{name}.runner"):
+        raise ConfigError(f"{where}.stats.from_stage: stage {name!r} (runner {runner or 'none'}) is not a collect-stats "
+                          f"stage: stats: names a stage whose runner is {COLLECT_STATS_RUNNER.replace('.collect_stats', '')} "
+                          "(or a subclass of it), whose merged output holds feats_stats.npz")
 
 
 def _check_ranks(where: str, stage: dict) -> None:
