@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PROJECT, copy_workflow, once_per_session, read_config, run_cli, run_snakemake, wait_for
+from conftest import (PROJECT, copy_workflow, once_per_session, read_config, run_cli, run_snakemake, wait_for,
+                      write_config)
 from snakeshard.cli import merged_line
 
 torch = pytest.importorskip("torch")
@@ -389,6 +390,26 @@ def test_training_config_mistakes_fail_the_parse_naming_the_key(tmp_path, monkey
     with pytest.raises(ConfigError) as error:
         validate_config(config)
     assert message in str(error.value)
+
+
+def test_an_inference_stages_runner_without_infer_step_fails_the_parse(tmp_path):
+    """Found by `snakemake -n`, not by the inference canary after the whole training; an inference stage with its own
+    runner (a subclass in another module defining infer_step) passes."""
+    wd = make_project(tmp_path / "p")
+    module = wd / "tones.py"
+    source = module.read_text()
+    module.write_text(source[:source.index("    @staticmethod\n    def infer_step")])
+    result = run_snakemake(wd, "-n")
+    assert result.returncode != 0
+    assert error_line(result).startswith("snakeshard: error: stages.infer.runner: tones.TonesRunner defines no "
+                                         "infer_step, which an inference stage from a training stage runs")
+    (wd / "tones_infer.py").write_text("from tones import TonesRunner\n\n\nclass InferRunner(TonesRunner):\n"
+                                       + source[source.index("    @staticmethod\n    def infer_step"):])
+    config = read_config(wd)
+    config["stages"]["infer"]["runner"] = "tones_infer.InferRunner"
+    write_config(wd, config)
+    result = run_snakemake(wd, "-n")
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_a_training_steps_must_be_staticmethods_checked_at_parse(tmp_path):

@@ -59,9 +59,22 @@ def check_stage_kind(name: str, stage: dict, datasets: dict, stages: dict) -> No
                               "own process (no pool); leave it out")
         for role in ("runner", "provider"):
             stage.setdefault(role, stages[source][role])
+        _check_infer_step(where, stage["runner"])
         if stage["provider"] == stages[source]["provider"]:  # the model is built as it was trained; own keys win
             stage["provider_config"] = {**(stages[source].get("provider_config") or {}),
                                         **(stage.get("provider_config") or {})}
+
+
+def _check_infer_step(where: str, runner: str) -> None:
+    """An inference stage's runner defines ``infer_step`` (what its shard jobs run): read from the runner's source,
+    so that `snakemake -n` says so rather than the canary after the whole training."""
+    from snakeshard.core.user_source import defines_method
+
+    if defines_method(runner, "infer_step", f"{where}.runner") is False:
+        raise ConfigError(f"{where}.runner: {runner} defines no infer_step, which an inference stage from a training "
+                          "stage runs as its forward: define @staticmethod infer_step(batch, *, model, ...) returning "
+                          "{key: {field: value}}, or give this stage its own runner: (a subclass of the training "
+                          "stage's, in a module of its own) that does")
 
 
 def _check_training(where: str, stage: dict, datasets: dict, stages: dict) -> None:
