@@ -198,6 +198,24 @@ def test_train_infer_score_then_a_model_change_reruns_training_inference_and_sco
     assert torch.load(trained / "model.pt", weights_only=False)["model"]["0.weight"].shape == (16, 40)
 
 
+def test_a_training_keys_fingerprint_ignore_holds_for_the_inference_stages_that_use_its_model(tmp_path):
+    """step_delay is in the training stage's fingerprint_ignore: changing it retrains nothing, and reruns no inference
+    shard, merge or scoring either (the inference stage takes it with the training stage's provider_config; it counts
+    through the trained model's fingerprint). A key the inference stage sets itself still counts."""
+    wd = make_project(tmp_path / "p", epochs=1)
+    result = run_snakemake(wd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    set_training(wd, step_delay=0.01)
+    assert "Nothing to be done" in run_snakemake(wd, "-n").stdout
+    status = run_cli(wd, "status").stdout
+    assert "stale" not in status and status.count("merged: yes, current") == 6, status
+    config = read_config(wd)
+    config["stages"]["infer"]["provider_config"] = {"hidden": 16}  # another model than the one trained: counts
+    write_config(wd, config)
+    dry = run_snakemake(wd, "-n")
+    assert "shard_infer" in dry.stdout and "train_train" not in dry.stdout
+
+
 def test_kill_9_sigterm_and_a_corrupt_latest_pt_end_with_an_uninterrupted_runs_result(tmp_path, tmp_path_factory):
     want = reference(tmp_path_factory, threads=1)
     wd = make_project(tmp_path / "p", step_delay=0.1)

@@ -65,6 +65,21 @@ def check_stage_kind(name: str, stage: dict, datasets: dict, stages: dict) -> No
                                         **(stage.get("provider_config") or {})}
 
 
+def model_config_keys(config: dict, stage: str) -> list[str]:
+    """The keys of an inference stage's provider_config that are its training stage's: same provider, and the value
+    the training stage has (check_stage_kind lays the inference stage's own keys over the training stage's). They
+    build the model as it was trained, and the trained model's fingerprint covers them; [] for another stage."""
+    source = model_source(config, stage)
+    if not source:
+        return []
+    own, trained = config["stages"][stage], config["stages"][source]
+    if own["provider"] != trained["provider"]:
+        return []
+    inherited = trained.get("provider_config") or {}
+    mine = own.get("provider_config") or {}
+    return sorted(k for k, v in inherited.items() if k in mine and mine[k] == v)
+
+
 def _check_infer_step(where: str, runner: str) -> None:
     """An inference stage's runner defines ``infer_step`` (what its shard jobs run): read from the runner's source,
     so that `snakemake -n` says so rather than the canary after the whole training."""
