@@ -430,6 +430,15 @@ def test_an_inference_stages_runner_without_infer_step_fails_the_parse(tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+def test_plan_of_a_training_stage_shows_its_sets(tmp_path):
+    """`snakeshard plan --stage train` printed nothing (its sets are not shard sets)."""
+    wd = make_project(tmp_path / "p")
+    proc = run_cli(wd, "plan", "--stage", "train")
+    assert proc.returncode == 0, proc.stderr
+    for ds in ("feats_train", "feats_valid"):
+        assert f"stage train (training: one job over every key of its sets), dataset {ds}:" in proc.stdout
+
+
 def test_a_training_steps_must_be_staticmethods_checked_at_parse(tmp_path):
     wd = make_project(tmp_path / "p")
     module = wd / "tones.py"

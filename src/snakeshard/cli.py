@@ -31,18 +31,26 @@ def _workflow(args):
 
 def cmd_plan(args) -> int:
     from snakeshard.core.plan import format_plan_table, make_plan
-    from snakeshard.workflow.parse import (load_config, naming_dataset, run_spec, stage_sets, validate_config,
-                                           without_project_keys)
+    from snakeshard.errors import ConfigError
+    from snakeshard.workflow.parse import (load_config, naming_dataset, planned_sets, run_spec, stage_sets,
+                                           validate_config, without_project_keys)
+    from snakeshard.workflow.train_config import is_training
 
     config = without_project_keys(load_config(args.config), args.config)
     validate_config(config)
-    for stage, ds in stage_sets(config):
+    if args.stage and args.stage not in config["stages"]:
+        raise ConfigError(f"--stage {args.stage}: no such stage in {args.config} (its stages: "
+                          f"{', '.join(config['stages'])})")
+    # a training stage's sets are planned too (one shard each: its job reads every key), though not run as shards
+    sets = planned_sets(config) if args.stage and is_training(config["stages"][args.stage]) else stage_sets(config)
+    for stage, ds in sets:
         if args.stage and stage != args.stage:
             continue
         spec = run_spec(config, stage, ds)
         with naming_dataset(ds):  # in memory: writes nothing
             plan = make_plan(spec["dataset"], config["stages"][stage]["sharding"], forked=True)
-        print(format_plan_table(plan, f"stage {stage}, dataset {ds}:"))
+        kind = " (training: one job over every key of its sets)" if is_training(config["stages"][stage]) else ""
+        print(format_plan_table(plan, f"stage {stage}{kind}, dataset {ds}:"))
     return 0
 
 
@@ -347,7 +355,7 @@ def build_parser():
 
     sp = sub.add_parser("plan", help="print the shard plan (shard, items, seconds) without running anything")
     with_config(sp)
-    sp.add_argument("--stage", help="only this stage's datasets (default: every stage's)")
+    sp.add_argument("--stage", help="only this stage's datasets (default: every shard stage's; a training stage's sets on request)")
     sp.set_defaults(func=cmd_plan)
 
     sp = sub.add_parser("run-shard", help="run one shard (called by the shard rule)")
