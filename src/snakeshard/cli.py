@@ -355,7 +355,8 @@ def build_parser():
 
     sp = sub.add_parser("plan", help="print the shard plan (shard, items, seconds) without running anything")
     with_config(sp)
-    sp.add_argument("--stage", help="only this stage's datasets (default: every shard stage's; a training stage's sets on request)")
+    sp.add_argument("--stage", help="only this stage's datasets (default: every shard stage's; a training stage's "
+                                    "train and valid sets when named)")
     sp.set_defaults(func=cmd_plan)
 
     sp = sub.add_parser("run-shard", help="run one shard (called by the shard rule)")
