@@ -392,8 +392,8 @@ def require_current_shards(set_dir, shards: range, upstream: str) -> list[str]:
 
 def require_current(set_dir, inputs: str) -> dict:
     """``set_dir``'s merged.json if it was made from ``inputs`` (the current plan's digest), here; else an
-    error saying the merged files there are missing (no merged.json, or a file it lists is gone), stale or moved. Every reader of merged output calls this
-    first."""
+    error saying the merged files there are missing (no merged.json, or a file it lists is gone), stale or moved.
+    Every reader of merged output calls this first."""
     record = merged_record(set_dir)
     if record is None:
         raise StaleMergedOutput(f"{set_dir} is not merged (no merged.json): run snakemake first")

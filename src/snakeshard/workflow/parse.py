@@ -26,8 +26,8 @@ from snakeshard.errors import ERROR_PREFIX, ConfigError, DataError, SnakeshardEr
 from snakeshard.io.atomic import write_if_changed
 from snakeshard.io.writers import check_outputs_config
 from snakeshard.version import __version__
-from snakeshard.workflow.train_config import (check_stage_kind, is_training, loop_config, model_config_keys, model_source,
-                                              training_stages)
+from snakeshard.workflow.train_config import (check_stage_kind, is_training, loop_config, model_config_keys,
+                                              model_source, training_stages)
 
 # The canary's shard dir, beside the stage's dataset dirs (dataset names cannot start with "_").
 CANARY_DIR = "_canary"

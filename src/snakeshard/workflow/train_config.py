@@ -137,9 +137,10 @@ def _check_stats_runner(where: str, name: str, source: dict) -> None:
 
     runner = source.get("runner")
     if is_training(source) or not runner or not is_collect_stats_runner(runner, f"stages.{name}.runner"):
-        raise ConfigError(f"{where}.stats.from_stage: stage {name!r} (runner {runner or 'none'}) is not a collect-stats "
-                          f"stage: stats: names a stage whose runner is {COLLECT_STATS_RUNNER.replace('.collect_stats', '')} "
-                          "(or a subclass of it), whose merged output holds feats_stats.npz")
+        wanted = COLLECT_STATS_RUNNER.replace(".collect_stats", "")  # as configs name it
+        raise ConfigError(f"{where}.stats.from_stage: stage {name!r} (runner {runner or 'none'}) is not a "
+                          f"collect-stats stage: stats: names a stage whose runner is {wanted} (or a subclass of "
+                          "it), whose merged output holds feats_stats.npz")
 
 
 def _check_ranks(where: str, stage: dict) -> None:
