@@ -430,6 +430,23 @@ def test_an_inference_stages_runner_without_infer_step_fails_the_parse(tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+def test_inference_over_a_data_dir_names_load_array_and_the_dataset(tmp_path):
+    """An inference stage over data/test itself (not fbank's output over it): infer_step's load_array failed with
+    `AttributeError: 'KaldiDataset' object has no attribute 'load_array'`."""
+    wd = make_project(tmp_path / "p", epochs=1)
+    config = read_config(wd)
+    config["stages"]["infer"]["datasets"] = ["test"]
+    config["datasets"]["predicted"]["dataset"] = "test"
+    write_config(wd, config)
+    result = run_snakemake(wd)
+    assert result.returncode != 0
+    log = (wd / "results/infer/test/logs/split.0.log").read_text()
+    assert ("datasets.test: load_array('test-0-000', 'feats') reads a field of another stage's merged output, and "
+            "dataset 'test' (data/test) is a data dir, not a stage's output: run this stage over a chained dataset"
+            in log), log[-2000:]
+    assert "AttributeError" not in log
+
+
 def test_plan_of_a_training_stage_shows_its_sets(tmp_path):
     """`snakeshard plan --stage train` printed nothing (its sets are not shard sets)."""
     wd = make_project(tmp_path / "p")
