@@ -441,8 +441,8 @@ class KaldiDataset:
         name = self.spec.get("name", "?")
         raise DataError(f"datasets.{name}: load_array({key!r}, {field!r}) reads a field of another stage's merged "
                         f"output, and dataset {name!r} ({self.spec.get('path', '?')}) is a data dir, not a stage's "
-                        f"output: run this stage over a chained dataset, e.g. "
-                        f"datasets: {{feats_{name}: {{from_stage: <the stage that writes {field!r}>, dataset: {name}}}}}")
+                        "output: run this stage over a chained dataset, e.g. datasets: "
+                        f"{{feats_{name}: {{from_stage: <the stage that writes {field!r}>, dataset: {name}}}}}")
 
     def load_audio(self, key: str, dtype: str = "float32"):
         """(samples, sample_rate) of one item; segments are cut; Kaldi pipes are run.
