@@ -507,3 +507,14 @@ def test_init_notes_relative_audio_paths_the_project_cannot_see(tmp_path):
     plan = subprocess.run([CONSOLE_SCRIPT, "plan"], cwd=tmp_path / "proj", capture_output=True, text=True)
     assert plan.returncode == 1 and "2 audio file(s) not found: key 'a1': corpus/wav/a1.wav" in plan.stderr
     assert f"relative audio paths are taken from the working directory {tmp_path / 'proj'}" in plan.stderr
+
+
+# -- `snakeshard plan --stage` with a stage the config does not run as shards --
+
+def test_plan_of_an_unknown_stage_is_refused_naming_the_stages(toy_workdir):
+    proc = run_cli(toy_workdir, "plan", "--stage", "nosuch")
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip() == ("snakeshard: error: --stage nosuch: no such stage in config/config.yaml "
+                                   "(its stages: upper)")
+    proc = run_cli(toy_workdir, "plan", "--stage", "upper")
+    assert proc.returncode == 0 and "stage upper, dataset toy:" in proc.stdout

@@ -396,3 +396,19 @@ def test_audio_file_removed_behind_an_unchanged_wav_scp_fails_the_parse_naming_i
     assert proc.returncode != 0
     assert ("audio file data/six/wav/k4.wav of shard 4 (results/energy/six/split.4) no longer exists; "
             "it is still listed in the dataset") in proc.stdout + proc.stderr
+
+
+def test_a_merged_file_deleted_after_the_merge_is_refused_then_merged_again(project):
+    """A merged file gone while merged.json still lists it: status says so, require_current and `snakeshard wer`
+    refuse the set naming the file and the fix, and the next snakemake run merges it again from its shards
+    (no shard reruns)."""
+    (project / SET / "energy").unlink()
+    assert f"merged: missing energy" in status(project)
+    with pytest.raises(StaleMergedOutput, match=r"merged file\(s\) energy missing .*rm .*merged.json"):
+        require_current(project / SET, read_fingerprints(project / SET)["inputs"])
+    (project / "ref.txt").write_text("".join(f"{k} x\n" for k in KEYS))
+    wer = run_cli(project, "wer", "--hyp", f"{SET}/ref", "--ref", "ref.txt")
+    assert wer.returncode == 1 and "energy missing" in wer.stderr and "Traceback" not in wer.stderr
+    assert rerun(project) == set()
+    assert merged(project) == expected_merged(project)
+    assert "merged: yes, current" in status(project)

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PROJECT, copy_workflow, once_per_session, read_config, run_cli, run_snakemake, wait_for
+from conftest import (PROJECT, copy_workflow, once_per_session, read_config, run_cli, run_snakemake, wait_for,
+                      write_config)
 from snakeshard.cli import merged_line
 
 torch = pytest.importorskip("torch")
@@ -197,6 +198,24 @@ def test_train_infer_score_then_a_model_change_reruns_training_inference_and_sco
     assert torch.load(trained / "model.pt", weights_only=False)["model"]["0.weight"].shape == (16, 40)
 
 
+def test_a_training_keys_fingerprint_ignore_holds_for_the_inference_stages_that_use_its_model(tmp_path):
+    """step_delay is in the training stage's fingerprint_ignore: changing it retrains nothing, and reruns no inference
+    shard, merge or scoring either (the inference stage takes it with the training stage's provider_config; it counts
+    through the trained model's fingerprint). A key the inference stage sets itself still counts."""
+    wd = make_project(tmp_path / "p", epochs=1)
+    result = run_snakemake(wd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    set_training(wd, step_delay=0.01)
+    assert "Nothing to be done" in run_snakemake(wd, "-n").stdout
+    status = run_cli(wd, "status").stdout
+    assert "stale" not in status and status.count("merged: yes, current") == 6, status
+    config = read_config(wd)
+    config["stages"]["infer"]["provider_config"] = {"hidden": 16}  # another model than the one trained: counts
+    write_config(wd, config)
+    dry = run_snakemake(wd, "-n")
+    assert "shard_infer" in dry.stdout and "train_train" not in dry.stdout
+
+
 def test_kill_9_sigterm_and_a_corrupt_latest_pt_end_with_an_uninterrupted_runs_result(tmp_path, tmp_path_factory):
     want = reference(tmp_path_factory, threads=1)
     wd = make_project(tmp_path / "p", step_delay=0.1)
@@ -365,6 +384,9 @@ def test_an_empty_train_or_valid_set_is_refused_naming_it(tmp_path, split):
      "stages.train.sharding: not for a training stage"),
     (lambda c: c["stages"]["train"].update(stats={"from_stage": "stats", "dataset": "feats_valid"}),
      "stages.train.stats.dataset: stage 'stats' runs over ['feats_train'], not 'feats_valid'"),
+    (lambda c: c["stages"]["train"].update(stats={"from_stage": "fbank", "dataset": "train"}),
+     "stages.train.stats.from_stage: stage 'fbank' (runner snakeshard.stages.fbank.FbankRunner) is not a collect-stats "
+     "stage: stats: names a stage whose runner is snakeshard.stages.CollectStatsRunner"),
     (lambda c: c["stages"]["train"].pop("valid"),
      "stages.train.score.split: 'valid' (the default) needs a valid: dataset"),
     (lambda c: c["stages"]["train"].update(schedule={"strategy": "step"}),
@@ -386,6 +408,52 @@ def test_training_config_mistakes_fail_the_parse_naming_the_key(tmp_path, monkey
     with pytest.raises(ConfigError) as error:
         validate_config(config)
     assert message in str(error.value)
+
+
+def test_an_inference_stages_runner_without_infer_step_fails_the_parse(tmp_path):
+    """Found by `snakemake -n`, not by the inference canary after the whole training; an inference stage with its own
+    runner (a subclass in another module defining infer_step) passes."""
+    wd = make_project(tmp_path / "p")
+    module = wd / "tones.py"
+    source = module.read_text()
+    module.write_text(source[:source.index("    @staticmethod\n    def infer_step")])
+    result = run_snakemake(wd, "-n")
+    assert result.returncode != 0
+    assert error_line(result).startswith("snakeshard: error: stages.infer.runner: tones.TonesRunner defines no "
+                                         "infer_step, which an inference stage from a training stage runs")
+    (wd / "tones_infer.py").write_text("from tones import TonesRunner\n\n\nclass InferRunner(TonesRunner):\n"
+                                       + source[source.index("    @staticmethod\n    def infer_step"):])
+    config = read_config(wd)
+    config["stages"]["infer"]["runner"] = "tones_infer.InferRunner"
+    write_config(wd, config)
+    result = run_snakemake(wd, "-n")
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_inference_over_a_data_dir_names_load_array_and_the_dataset(tmp_path):
+    """An inference stage over data/test itself (not fbank's output over it): infer_step's load_array failed with
+    `AttributeError: 'KaldiDataset' object has no attribute 'load_array'`."""
+    wd = make_project(tmp_path / "p", epochs=1)
+    config = read_config(wd)
+    config["stages"]["infer"]["datasets"] = ["test"]
+    config["datasets"]["predicted"]["dataset"] = "test"
+    write_config(wd, config)
+    result = run_snakemake(wd)
+    assert result.returncode != 0
+    log = (wd / "results/infer/test/logs/split.0.log").read_text()
+    assert ("datasets.test: load_array('test-0-000', 'feats') reads a field of another stage's merged output, and "
+            "dataset 'test' (data/test) is a data dir, not a stage's output: run this stage over a chained dataset"
+            in log), log[-2000:]
+    assert "AttributeError" not in log
+
+
+def test_plan_of_a_training_stage_shows_its_sets(tmp_path):
+    """`snakeshard plan --stage train` printed nothing (its sets are not shard sets)."""
+    wd = make_project(tmp_path / "p")
+    proc = run_cli(wd, "plan", "--stage", "train")
+    assert proc.returncode == 0, proc.stderr
+    for ds in ("feats_train", "feats_valid"):
+        assert f"stage train (training: one job over every key of its sets), dataset {ds}:" in proc.stdout
 
 
 def test_a_training_steps_must_be_staticmethods_checked_at_parse(tmp_path):

@@ -31,18 +31,26 @@ def _workflow(args):
 
 def cmd_plan(args) -> int:
     from snakeshard.core.plan import format_plan_table, make_plan
-    from snakeshard.workflow.parse import (load_config, naming_dataset, run_spec, stage_sets, validate_config,
-                                           without_project_keys)
+    from snakeshard.errors import ConfigError
+    from snakeshard.workflow.parse import (load_config, naming_dataset, planned_sets, run_spec, stage_sets,
+                                           validate_config, without_project_keys)
+    from snakeshard.workflow.train_config import is_training
 
     config = without_project_keys(load_config(args.config), args.config)
     validate_config(config)
-    for stage, ds in stage_sets(config):
+    if args.stage and args.stage not in config["stages"]:
+        raise ConfigError(f"--stage {args.stage}: no such stage in {args.config} (its stages: "
+                          f"{', '.join(config['stages'])})")
+    # a training stage's sets are planned too (one shard each: its job reads every key), though not run as shards
+    sets = planned_sets(config) if args.stage and is_training(config["stages"][args.stage]) else stage_sets(config)
+    for stage, ds in sets:
         if args.stage and stage != args.stage:
             continue
         spec = run_spec(config, stage, ds)
         with naming_dataset(ds):  # in memory: writes nothing
             plan = make_plan(spec["dataset"], config["stages"][stage]["sharding"], forked=True)
-        print(format_plan_table(plan, f"stage {stage}, dataset {ds}:"))
+        kind = " (training: one job over every key of its sets)" if is_training(config["stages"][stage]) else ""
+        print(format_plan_table(plan, f"stage {stage}{kind}, dataset {ds}:"))
     return 0
 
 
@@ -92,15 +100,17 @@ def cmd_report(args) -> int:
 
 def merged_state(set_dir: Path, inputs: str) -> str:
     """yes (made from the current plan's inputs, here) / stale (from other inputs) / moved (its scp files point
-    into the directory it was made in) / no."""
-    from snakeshard.core.merge import merged_record, moved_from
+    into the directory it was made in) / missing (a file its merged.json lists is gone) / no."""
+    from snakeshard.core.merge import merged_record, missing_merged_files, moved_from
 
     record = merged_record(set_dir)
     if record is None:
         return "no"
     if record.get("inputs") != inputs:
         return "stale"
-    return "moved" if moved_from(set_dir, record) else "yes"
+    if moved_from(set_dir, record):
+        return "moved"
+    return "missing" if missing_merged_files(set_dir, record) else "yes"
 
 
 # What a stale shard's done differs in, in the words status uses.
@@ -172,13 +182,17 @@ def merge_failure(set_dir: Path, log: Path) -> str | None:
 
 def merged_line(merged: str, set_dir: Path, stage: str, removed: bool) -> str:
     """What status says of a set's merge (see merged_state)."""
-    from snakeshard.core.merge import merged_record, moved_fix
+    from snakeshard.core.merge import MAX_LISTED, merged_record, missing_merged_files, moved_fix, remerge_fix
 
     if merged == "yes":
         return "yes, current" + (" (the merged output does not need the removed shards' done files)" if removed else "")
     if merged == "stale":
         return ("stale (made from other data, config or code than the current plan; snakeshard refuses to read it, "
                 "the next successful snakemake run replaces it)")
+    if merged == "missing":
+        missing = missing_merged_files(set_dir, merged_record(set_dir))
+        return (f"missing {', '.join(missing[:MAX_LISTED])} (its merged.json lists it; snakeshard refuses to read the "
+                f"set): {remerge_fix(set_dir)}")
     if merged == "moved":
         return (f"moved (made in {merged_record(set_dir)['set_dir']}, and its scp files point there; snakeshard "
                 f"refuses to read it): {moved_fix(stage)}")
@@ -341,7 +355,8 @@ def build_parser():
 
     sp = sub.add_parser("plan", help="print the shard plan (shard, items, seconds) without running anything")
     with_config(sp)
-    sp.add_argument("--stage", help="only this stage's datasets (default: every stage's)")
+    sp.add_argument("--stage", help="only this stage's datasets (default: every shard stage's; a training stage's "
+                                    "train and valid sets when named)")
     sp.set_defaults(func=cmd_plan)
 
     sp = sub.add_parser("run-shard", help="run one shard (called by the shard rule)")

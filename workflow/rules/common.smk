@@ -34,6 +34,17 @@ with exit_on_user_error():
     # Files a stage's runner draws after its merge for `snakemake --report` (ScoringRunner: metrics.png).
     REPORTS = {stage: runner_reports(config["stages"][stage]["runner"], f"stages.{stage}") for stage in SHARD_STAGES}
 
+# A merged file deleted after its merge (merged.json still listing it): forget that merge, so that this run merges
+# the set again from its shards rather than calling it up to date and failing later in the stage that reads it.
+if workflow.is_main_process:
+    from snakeshard.core.merge import forget_incomplete_merge
+
+    for _stage, _ds in STAGE_SETS:
+        _missing = forget_incomplete_merge(f"{WF.out}/{_stage}/{_ds}")
+        if _missing:
+            print(f"snakeshard: {WF.out}/{_stage}/{_ds}: merged file(s) {', '.join(_missing)} missing: its merged.json "
+                  "is removed, and the set is merged again from its shards", file=sys.stderr, flush=True)
+
 # A lock a dead driver left (kill -9): Snakemake checks its locks after this parse and stops with a LockException
 # that cannot tell a live run from a dead one. Its lock files name paths, not a process; when no other snakemake
 # runs in this directory, say so, with the command that clears it (printed before Snakemake's own error).

@@ -435,6 +435,15 @@ class KaldiDataset:
             fill_durations([item])
         return item.seconds
 
+    def load_array(self, key: str, field: str):
+        """Arrays are fields another stage wrote (fbank's ``feats``): only a chained dataset has them
+        (StageOutputDataset). Here, a data dir's dataset, the mistake is named rather than an AttributeError."""
+        name = self.spec.get("name", "?")
+        raise DataError(f"datasets.{name}: load_array({key!r}, {field!r}) reads a field of another stage's merged "
+                        f"output, and dataset {name!r} ({self.spec.get('path', '?')}) is a data dir, not a stage's "
+                        "output: run this stage over a chained dataset, e.g. datasets: "
+                        f"{{feats_{name}: {{from_stage: <the stage that writes {field!r}>, dataset: {name}}}}}")
+
     def load_audio(self, key: str, dtype: str = "float32"):
         """(samples, sample_rate) of one item; segments are cut; Kaldi pipes are run.
 

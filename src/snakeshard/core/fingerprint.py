@@ -65,10 +65,15 @@ def file_identity(path: str) -> list:
     return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
 
 
-def stage_fingerprint(spec: dict, version: str, code: dict | None = None) -> str:
+def stage_fingerprint(spec: dict, version: str, code: dict | None = None, from_model: tuple = ()) -> str:
     """Fingerprint of everything but the shard's inputs; ``spec`` is the stage's run spec (see
-    workflow.py), ``code`` the digests of the runner's and provider's source (None: left out)."""
-    ignored = set(spec.get("fingerprint_ignore", []))
+    workflow.py), ``code`` the digests of the runner's and provider's source (None: left out).
+
+    ``from_model``: an inference stage's provider_config keys that are its training stage's (see
+    train_config.model_config_keys). They count through the trained model's fingerprint, which leaves out the
+    training stage's ``fingerprint_ignore`` keys, not here: an ignored key's change retrains nothing and reruns no
+    inference either."""
+    ignored = set(spec.get("fingerprint_ignore", [])) | set(from_model)
     provider_config = {k: v for k, v in spec.get("provider_config", {}).items() if k not in ignored}
     payload = {
         "runner": spec["runner"],

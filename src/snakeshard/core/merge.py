@@ -392,8 +392,8 @@ def require_current_shards(set_dir, shards: range, upstream: str) -> list[str]:
 
 def require_current(set_dir, inputs: str) -> dict:
     """``set_dir``'s merged.json if it was made from ``inputs`` (the current plan's digest), here; else an
-    error saying the merged files there are missing, stale or moved. Every reader of merged output calls this
-    first."""
+    error saying the merged files there are missing (no merged.json, or a file it lists is gone), stale or moved.
+    Every reader of merged output calls this first."""
     record = merged_record(set_dir)
     if record is None:
         raise StaleMergedOutput(f"{set_dir} is not merged (no merged.json): run snakemake first")
@@ -406,4 +406,34 @@ def require_current(set_dir, inputs: str) -> dict:
             f"{set_dir}: the merged output is stale: it was made from other inputs than the current plan "
             "(data, config or code changed, and the rerun has not merged yet; `snakeshard status` shows "
             "which shards are not done): refusing to read it")
+    missing = missing_merged_files(set_dir, record)
+    if missing:
+        raise StaleMergedOutput(f"{set_dir}: merged file(s) {', '.join(missing[:MAX_LISTED])} missing (its "
+                                f"merged.json lists them): refusing to read it; {remerge_fix(set_dir)}")
     return record
+
+
+def missing_merged_files(set_dir, record: dict) -> list[str]:
+    """The files ``record`` (a merged.json) lists that are no longer in ``set_dir`` (deleted or moved away after
+    the merge): one stat per merged file, never one per shard."""
+    return [name for name in record.get("files") or () if not os.path.exists(os.path.join(set_dir, name))]
+
+
+def forget_incomplete_merge(set_dir) -> list[str]:
+    """At parse (the main Snakemake process): when files ``set_dir``'s merged.json lists are gone, remove that
+    merged.json, so that Snakemake, finding the merge's output missing, merges the set again from its shards (and
+    reruns what reads it) instead of calling it up to date. Returns the missing files (empty: nothing done).
+
+    A merged.json claims its files are there; one that no longer holds is no record (as a merge run by hand
+    removes it first). Costs a read of merged.json and one stat per merged file, none per shard."""
+    record = merged_record(set_dir)
+    missing = missing_merged_files(set_dir, record) if record else []
+    if missing:
+        Path(set_dir, "merged.json").unlink(missing_ok=True)
+    return missing
+
+
+def remerge_fix(set_dir) -> str:
+    """The command that merges a set again from its shards (still on disk) when its merged files were removed.
+    Snakemake reruns a job whose output is missing; merged.json is the merge's output."""
+    return f"merge it again: rm {Path(set_dir, 'merged.json')} && snakemake --profile <your profile>"

@@ -110,6 +110,64 @@ def provider_merge_options(path: str, where: str) -> tuple[str, ...]:
     return tuple(options)
 
 
+COLLECT_STATS_RUNNER = "snakeshard.stages.collect_stats.CollectStatsRunner"
+
+
+def is_collect_stats_runner(path: str, where: str) -> bool:
+    """Whether the runner ``path`` is snakeshard's CollectStatsRunner (by any path that re-exports it, e.g.
+    ``snakeshard.stages.CollectStatsRunner``) or a class whose own source names it as a base: the stages whose
+    merged output holds ``feats_stats.npz``, what a training stage's ``stats:`` reads."""
+    import ast
+
+    module, attr, _ = _locate(path, where)
+    if f"{module}.{attr}" == COLLECT_STATS_RUNNER:
+        return True
+    found = check_import_path(path, where)
+    node = next((n for n in found[1].body if isinstance(n, ast.ClassDef) and n.name == attr), None) if found else None
+    bases = [ast.unparse(base) for base in node.bases] if node else []
+    return any(base.rpartition(".")[2] == "CollectStatsRunner" for base in bases)
+
+
+# Base classes of snakeshard's that define no step of their own (their steps raise NotImplementedError).
+STEPLESS_BASES = ("TorchRunner", "BaseRunner")
+
+
+def defines_method(path: str, method: str, where: str) -> bool | None:
+    """Whether the class ``path`` defines ``method``, read from its module's source: in its own body, or in a base
+    class defined in the same module (followed up). False only when every base is one of ``STEPLESS_BASES`` or a
+    class of that module lacking it; None (unknown) when a base comes from elsewhere or there is no source."""
+    import ast
+
+    found = check_import_path(path, where)
+    if found is None:
+        return None
+    classes = {n.name: n for n in found[1].body if isinstance(n, ast.ClassDef)}
+    todo, seen = [path.rpartition(".")[2]], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = classes.get(name)
+        if node is None:
+            return None
+        if any(isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Assign)) and method in _bound_names(item)
+               for item in node.body):
+            return True
+        for base in node.bases:
+            base_name = ast.unparse(base)
+            if base_name.rpartition(".")[2] not in STEPLESS_BASES:
+                todo.append(base_name)
+    return False
+
+
+def _bound_names(item) -> set[str]:
+    """The names a class-body statement binds: a def's name, an assignment's plain targets."""
+    if hasattr(item, "name"):
+        return {item.name}
+    return {getattr(target, "id", None) for target in item.targets}
+
+
 def class_literal(path: str, name: str, where: str):
     """The literal value of class attribute ``name`` in the class's own source (None if it sets none); ``where``:
     the config key naming the class."""

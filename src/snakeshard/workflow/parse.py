@@ -26,7 +26,8 @@ from snakeshard.errors import ERROR_PREFIX, ConfigError, DataError, SnakeshardEr
 from snakeshard.io.atomic import write_if_changed
 from snakeshard.io.writers import check_outputs_config
 from snakeshard.version import __version__
-from snakeshard.workflow.train_config import check_stage_kind, is_training, loop_config, model_source, training_stages
+from snakeshard.workflow.train_config import (check_stage_kind, is_training, loop_config, model_config_keys,
+                                              model_source, training_stages)
 
 # The canary's shard dir, beside the stage's dataset dirs (dataset names cannot start with "_").
 CANARY_DIR = "_canary"
@@ -523,7 +524,7 @@ class Workflow:
         code = None
         if options["code"]:
             code = {role: source_digest(spec[role], f"stages.{stage}.{role}") for role in ("runner", "provider")}
-        fp = stage_fingerprint(spec, __version__, code)
+        fp = stage_fingerprint(spec, __version__, code, from_model=tuple(model_config_keys(self.config, stage)))
         audio = self._audio_digests(base, plan, options, stat_cache, reuse_audio_identity)
         upstream = self._upstream_digests(stage, ds) if up else [""] * plan["num_shards"]
         counted = counted_records(options["records"])

@@ -59,9 +59,37 @@ def check_stage_kind(name: str, stage: dict, datasets: dict, stages: dict) -> No
                               "own process (no pool); leave it out")
         for role in ("runner", "provider"):
             stage.setdefault(role, stages[source][role])
+        _check_infer_step(where, stage["runner"])
         if stage["provider"] == stages[source]["provider"]:  # the model is built as it was trained; own keys win
             stage["provider_config"] = {**(stages[source].get("provider_config") or {}),
                                         **(stage.get("provider_config") or {})}
+
+
+def model_config_keys(config: dict, stage: str) -> list[str]:
+    """The keys of an inference stage's provider_config that are its training stage's: same provider, and the value
+    the training stage has (check_stage_kind lays the inference stage's own keys over the training stage's). They
+    build the model as it was trained, and the trained model's fingerprint covers them; [] for another stage."""
+    source = model_source(config, stage)
+    if not source:
+        return []
+    own, trained = config["stages"][stage], config["stages"][source]
+    if own["provider"] != trained["provider"]:
+        return []
+    inherited = trained.get("provider_config") or {}
+    mine = own.get("provider_config") or {}
+    return sorted(k for k, v in inherited.items() if k in mine and mine[k] == v)
+
+
+def _check_infer_step(where: str, runner: str) -> None:
+    """An inference stage's runner defines ``infer_step`` (what its shard jobs run): read from the runner's source,
+    so that `snakemake -n` says so rather than the canary after the whole training."""
+    from snakeshard.core.user_source import defines_method
+
+    if defines_method(runner, "infer_step", f"{where}.runner") is False:
+        raise ConfigError(f"{where}.runner: {runner} defines no infer_step, which an inference stage from a training "
+                          "stage runs as its forward: define @staticmethod infer_step(batch, *, model, ...) returning "
+                          "{key: {field: value}}, or give this stage its own runner: (a subclass of the training "
+                          "stage's, in a module of its own) that does")
 
 
 def _check_training(where: str, stage: dict, datasets: dict, stages: dict) -> None:
@@ -97,8 +125,22 @@ def _check_training(where: str, stage: dict, datasets: dict, stages: dict) -> No
         if stats["dataset"] not in source.get("datasets", ()):
             raise ConfigError(f"{where}.stats.dataset: stage {stats['from_stage']!r} runs over "
                               f"{source.get('datasets')}, not {stats['dataset']!r}")
+        _check_stats_runner(where, stats["from_stage"], source)
     stage["datasets"] = [stage["train"]] + ([stage["valid"]] if "valid" in stage else [])
     stage["sharding"] = {"num_shards": 1}
+
+
+def _check_stats_runner(where: str, name: str, source: dict) -> None:
+    """``stats.from_stage`` is a collect-stats stage: its merged output is where feats_stats.npz is read from (another
+    stage's would fail only in the training job, after every stage before it ran)."""
+    from snakeshard.core.user_source import COLLECT_STATS_RUNNER, is_collect_stats_runner
+
+    runner = source.get("runner")
+    if is_training(source) or not runner or not is_collect_stats_runner(runner, f"stages.{name}.runner"):
+        wanted = COLLECT_STATS_RUNNER.replace(".collect_stats", "")  # as configs name it
+        raise ConfigError(f"{where}.stats.from_stage: stage {name!r} (runner {runner or 'none'}) is not a "
+                          f"collect-stats stage: stats: names a stage whose runner is {wanted} (or a subclass of "
+                          "it), whose merged output holds feats_stats.npz")
 
 
 def _check_ranks(where: str, stage: dict) -> None:
