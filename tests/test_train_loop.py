@@ -273,6 +273,32 @@ def test_contract_errors_name_the_runner_step_and_keys(tmp_path):
     assert "utt0003" in (tmp_path / "c" / "steps.jsonl").read_text()
 
 
+def test_a_failing_step_names_every_key_of_its_batch_and_evaluation_says_after_which_step(tmp_path):
+    """A trial's bad label was among "... 3 more" keys: every key of the batch is named (up to 64), and an
+    evaluate_step failing after epoch 0's 2 steps says "after step 2", not "at step 3" (no third step ran)."""
+    from snakeshard.train import TorchRunner, train
+    from snakeshard.train.loop import StepFailed
+
+    class BadKey(TorchRunner):
+        @staticmethod
+        def train_step(batch, *, model, table):
+            if "utt0007" in batch:
+                raise ValueError("invalid literal for int()")
+            return {"loss": model(torch.stack([table[k][0] for k in batch])).pow(2).mean()}
+
+        @staticmethod
+        def evaluate_step(batch, *, model, table):
+            raise RuntimeError("evaluation broke")
+
+    env, tk, vk = _toy()
+    with pytest.raises(StepFailed) as failed:
+        train(BadKey, env, tk[:16], (), {"batch_size": 8, "seed": 0}, tmp_path / "a")
+    named = [k for k in tk[:16] if repr(k) in str(failed.value)]
+    assert len(named) == 8 and "utt0007" in named and "more" not in str(failed.value), str(failed.value)
+    with pytest.raises(StepFailed, match=r"BadKey\.evaluate_step failed after step 2 \(epoch 0, batch 0\)"):
+        train(BadKey, env, tk[8:16], vk[:4], {"batch_size": 4}, tmp_path / "b")
+
+
 def test_a_runner_without_evaluate_step_is_refused_before_the_first_step_when_there_are_valid_keys(tmp_path):
     """Found out before training, not after a whole epoch (TorchRunner's own evaluate_step only raises)."""
     from snakeshard.errors import ContractError

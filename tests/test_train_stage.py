@@ -307,6 +307,7 @@ def test_bad_inputs_fail_the_training_job_naming_what_and_where_and_keep_what_wa
     result = run_snakemake(wd, TRAIN_TARGET)
     line = error_line(result)
     assert "tones.TonesRunner.train_step failed at step 1 (epoch 0, batch 0) on keys ['train-" in line
+    assert line.count("'train-") == 8 and "more" not in line  # every key of the batch of 8, the bad one among them
     assert "mat1 and mat2 shapes cannot be multiplied (8x40 and 80x32)" in line
     fbank_made = fbank_log.stat().st_mtime
     set_training(wd, num_mel_bins=20)

@@ -77,6 +77,7 @@ DEFAULTS = {"seed": 0, "epochs": None, "max_steps": None, "batch_size": 1, "accu
 RESULT_NEUTRAL = frozenset({"checkpoint"})  # config sections that change no result: not compared on resume
 INTERRUPT_SIGNALS = ("SIGTERM", "SIGUSR1")
 DIFF_NAMES = {"ranks": "ranks (the world size)"}  # how a refused resume names a key
+MAX_KEYS_SHOWN = 64  # a failed step's message lists the batch's keys, up to this many
 _RESTORE_RNG = True  # tests switch this off to prove the kill/resume test notices unrestored RNG
 
 
@@ -547,8 +548,11 @@ def _step_context(name: str, method: str, p: dict, batch: int, keys: list) -> No
             first = str(e).splitlines()[0].split(". ")[0][:200]
             raise RankLost(f"{method} at step {p['step'] + 1} (epoch {p['epoch']}, batch {batch}): a collective "
                            f"failed ({first}): another rank is gone; the log has its own error") from e
-        shown = keys if len(keys) <= 5 else [*keys[:5], f"... {len(keys) - 5} more"]
-        raise StepFailed(f"{name}.{method} failed at step {p['step'] + 1} (epoch {p['epoch']}, batch {batch}) on "
+        # every key of the batch (a user trial's bad label was among "3 more"), up to a batch no one reads whole
+        shown = keys[:MAX_KEYS_SHOWN] + ([f"... {len(keys) - MAX_KEYS_SHOWN} more"] if len(keys) > MAX_KEYS_SHOWN else [])
+        # evaluation runs between steps: "after step 38", not the step that has not run yet
+        when = f"after step {p['step']}" if method == "evaluate_step" else f"at step {p['step'] + 1}"
+        raise StepFailed(f"{name}.{method} failed {when} (epoch {p['epoch']}, batch {batch}) on "
                          f"keys {shown}: {type(e).__name__}: {e}") from e
 
 
