@@ -130,10 +130,11 @@ def test_negative_control_without_rng_restore_the_result_differs(tmp_path, refer
     assert (tmp_path / "steps.jsonl").read_bytes() != (reference() / "steps.jsonl").read_bytes()
 
 
-def test_sigterm_checkpoints_exits_75_and_resumes(tmp_path, reference):
-    stopped = interrupt_at(tmp_path, 11, signal.SIGTERM)  # mid-epoch 1 (steps 9..16), not on an interval
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])  # SIGINT: Ctrl-C (it was a KeyboardInterrupt, unsaved)
+def test_sigterm_checkpoints_exits_75_and_resumes(tmp_path, reference, sig):
+    stopped = interrupt_at(tmp_path, 11, sig)  # mid-epoch 1 (steps 9..16), not on an interval
     assert stopped.returncode == 75, stopped.stderr
-    assert "SIGTERM" in stopped.stderr
+    assert f"{sig.name}: stopped at step" in stopped.stderr and "Traceback" not in stopped.stderr, stopped.stderr
     ck = torch.load(tmp_path / "checkpoints" / "latest.pt", weights_only=False)
     assert ck["progress"]["step"] == last_step(tmp_path)  # saved at the step boundary after the signal
     assert ck["progress"]["epoch"] == 1 and 0 < ck["progress"]["batch_pos"] < 15
@@ -141,7 +142,7 @@ def test_sigterm_checkpoints_exits_75_and_resumes(tmp_path, reference):
     assert set(ck["versions"]) == {"torch", "snakeshard"}
     done = run_job(tmp_path)
     assert done.returncode == 0, done.stderr
-    assert_same_result(tmp_path, reference(), "after SIGTERM")
+    assert_same_result(tmp_path, reference(), f"after {sig.name}")
 
 
 def test_corrupted_latest_falls_back_to_history(tmp_path, reference):

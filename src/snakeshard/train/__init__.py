@@ -2,7 +2,7 @@
 checkpoints atomically and resumes to exactly the result an uninterrupted run gives.
 
 ``train(runner_cls, env, train_keys, valid_keys, config, run_dir)`` is the entry point (``loop.py``);
-``TrainingInterrupted.exit_code`` (75) is what a caller exits with after SIGTERM/SIGUSR1.
+``TrainingInterrupted.exit_code`` (75) is what a caller exits with after SIGTERM/SIGUSR1/SIGINT.
 """
 
 from snakeshard.train.checkpoint import CheckpointManager, CheckpointWarning

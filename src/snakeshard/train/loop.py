@@ -27,7 +27,7 @@ The config (every key optional)::
     ranks: null           # the torch.distributed world size this runs in (null: whatever it is; 1 without one)
 
 A step is one optimizer step. A checkpoint (``run_dir/checkpoints/latest.pt``) is written every
-``interval`` steps, every ``every_seconds``, at each epoch's end (after evaluation), on SIGTERM/SIGUSR1 and at
+``interval`` steps, every ``every_seconds``, at each epoch's end (after evaluation), on SIGTERM/SIGUSR1/SIGINT and at
 the end; it holds model, optimizer, scheduler, step/epoch/batch position, RNG states, meter states, best score
 and patience count, torch/snakeshard versions, the config and the caller's ``fingerprint``. A rerun resumes
 from it when config (less its ``checkpoint`` section, which changes no result) and fingerprint match, and
@@ -75,7 +75,7 @@ DEFAULTS = {"seed": 0, "epochs": None, "max_steps": None, "batch_size": 1, "accu
             "clip_grad_norm": None, "skip_nonfinite": False, "schedule": None, "score": None,
             "checkpoint": {"interval": None, "every_seconds": 300, "keep_latest_k": 3}, "ranks": None}
 RESULT_NEUTRAL = frozenset({"checkpoint"})  # config sections that change no result: not compared on resume
-INTERRUPT_SIGNALS = ("SIGTERM", "SIGUSR1")
+INTERRUPT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")  # SIGINT: a terminal's Ctrl-C reaches the job too
 DIFF_NAMES = {"ranks": "ranks (the world size)"}  # how a refused resume names a key
 MAX_KEYS_SHOWN = 64  # a failed step's message lists the batch's keys, up to this many
 _RESTORE_RNG = True  # tests switch this off to prove the kill/resume test notices unrestored RNG
@@ -316,7 +316,10 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
         previous = {}
         if threading.current_thread() is threading.main_thread():
             def on_signal(signum, frame):  # only a flag: the loop saves at the next step boundary
-                stop["signal"] = signal.Signals(signum).name
+                name = signal.Signals(signum).name
+                if name == "SIGINT" and stop["signal"] == "SIGINT":  # Ctrl-C twice: stop now, unsaved, as by default
+                    raise KeyboardInterrupt
+                stop["signal"] = name
             for sig_name in INTERRUPT_SIGNALS:
                 sig = getattr(signal, sig_name, None)
                 if sig is not None:
@@ -549,7 +552,8 @@ def _step_context(name: str, method: str, p: dict, batch: int, keys: list) -> No
             raise RankLost(f"{method} at step {p['step'] + 1} (epoch {p['epoch']}, batch {batch}): a collective "
                            f"failed ({first}): another rank is gone; the log has its own error") from e
         # every key of the batch (a user trial's bad label was among "3 more"), up to a batch no one reads whole
-        shown = keys[:MAX_KEYS_SHOWN] + ([f"... {len(keys) - MAX_KEYS_SHOWN} more"] if len(keys) > MAX_KEYS_SHOWN else [])
+        more = len(keys) - MAX_KEYS_SHOWN
+        shown = keys[:MAX_KEYS_SHOWN] + ([f"... {more} more"] if more > 0 else [])
         # evaluation runs between steps: "after step 38", not the step that has not run yet
         when = f"after step {p['step']}" if method == "evaluate_step" else f"at step {p['step'] + 1}"
         raise StepFailed(f"{name}.{method} failed {when} (epoch {p['epoch']}, batch {batch}) on "

@@ -3,7 +3,7 @@
 It reads the train and valid datasets (every planned key, in plan order), checks their ``labels``, builds the
 provider's env once, and gives each split's steps its own ``dataset`` (and ``normalize``: the stats' GlobalMVN).
 train() runs in the train set's dir (checkpoints/, steps.jsonl); then model.pt, metrics.json and curve.png are
-written, each atomically, and ``done`` last. A signal (SIGTERM, SIGUSR1) ends the job with exit status 75 after a
+written, each atomically, and ``done`` last. A signal (SIGTERM, SIGUSR1, SIGINT) ends the job with exit status 75 after a
 checkpoint: Snakemake's retry, or a rerun, resumes from it. With ``ranks`` > 1 in its loop config the job launches
 that many rank processes (ranks.py), each of which does all of the above on its own device; rank 0 alone prints
 and writes.
