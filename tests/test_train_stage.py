@@ -9,6 +9,7 @@ the weights, steps.jsonl and metrics.json of an uninterrupted run.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -91,11 +92,12 @@ def train_process(wd: Path):
     return None
 
 
-def interrupt_at(wd: Path, step: int, sig: int, before=None) -> subprocess.CompletedProcess:
+def interrupt_at(wd: Path, step: int, sig: int, before=None, group: bool = False) -> subprocess.CompletedProcess:
     """Run the training target; once ``step`` steps are logged, call ``before()`` if given, send ``sig`` to the
-    training job; wait for snakemake."""
+    training job (``group``: to snakemake's whole process group, as a terminal's Ctrl-C does); wait for snakemake."""
     cmd = [sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2", TRAIN_TARGET]
-    driver = subprocess.Popen(cmd, cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    driver = subprocess.Popen(cmd, cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=group)
     try:
         wait_for(lambda: steps_done(wd) >= step or driver.poll() is not None, 180, f"step {step}")
         proc = train_process(wd)
@@ -103,7 +105,10 @@ def interrupt_at(wd: Path, step: int, sig: int, before=None) -> subprocess.Compl
         if before is not None:  # the job is stopped meanwhile: it is interrupted at the step it was at
             proc.suspend()
             before()
-        proc.send_signal(sig)
+        if group:
+            os.killpg(driver.pid, sig)
+        else:
+            proc.send_signal(sig)
         if before is not None and sig != signal.SIGKILL:
             proc.resume()
         out, _ = driver.communicate(timeout=180)
@@ -236,6 +241,26 @@ def test_kill_9_sigterm_and_a_corrupt_latest_pt_end_with_an_uninterrupted_runs_r
     log = (wd / TRAINED / "logs/train.log").read_text()
     assert "latest.pt" in log and "history/step-" in log  # the fallback, said
     assert "resuming from" in log and re.findall(r"^epoch (\d+) \(step", log, re.M) == ["0", "1", "2", "3"]
+    assert_same_training(outputs(wd), want)
+
+
+def test_ctrl_c_checkpoints_at_the_next_step_and_the_rerun_ends_with_an_uninterrupted_runs_result(
+        tmp_path, tmp_path_factory):
+    """SIGINT to snakemake's process group (a terminal's Ctrl-C) does what SIGTERM does to the training job: a
+    checkpoint at the next step boundary, one line, a non-zero exit (a user trial: a KeyboardInterrupt traceback
+    and no checkpoint, up to every_seconds of steps lost)."""
+    want = reference(tmp_path_factory, threads=1)
+    wd = make_project(tmp_path / "p", step_delay=0.1)
+    step = random.randint(3, 40)
+    stopped = interrupt_at(wd, step, signal.SIGINT, group=True)
+    assert stopped.returncode != 0
+    log = (wd / TRAINED / "logs/train.log").read_text()
+    assert re.search(r"SIGINT: stopped at step \d+ .*checkpoint .*latest.pt; rerun to resume", log), log[-2000:]
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
+    ck = torch.load(wd / TRAINED / "checkpoints/latest.pt", weights_only=False)
+    assert ck["progress"]["step"] == steps_done(wd) >= step
+    result = run_snakemake(wd, TRAIN_TARGET)
+    assert result.returncode == 0, result.stderr[-3000:]
     assert_same_training(outputs(wd), want)
 
 

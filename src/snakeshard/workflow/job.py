@@ -323,6 +323,9 @@ def run_command(args) -> int:
     except SnakeshardError as e:
         _report(ERROR_PREFIX + str(e), e.__cause__, console)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop (which checkpoints on it): one line, no traceback
+        _report(f"snakeshard: {args.command}: interrupted (SIGINT); rerun to go on", None, console)
+        return 128 + 2
     except OSError as e:  # outside the user's code: a full disk, a read-only or vanished directory
         where = f" ({args.shard_dir})" if getattr(args, "shard_dir", None) else ""
         what = f"shard {args.shard}{where}" if getattr(args, "shard", None) is not None else args.command
