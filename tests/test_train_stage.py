@@ -240,6 +240,10 @@ def test_kill_9_sigterm_and_a_corrupt_latest_pt_end_with_an_uninterrupted_runs_r
     assert result.returncode == 0, result.stderr[-3000:]
     log = (wd / TRAINED / "logs/train.log").read_text()
     assert "latest.pt" in log and "history/step-" in log  # the fallback, said
+    # in one line, not as a Python warning with snakeshard's source line (a user trial)
+    assert re.search(r"^snakeshard: warning: checkpoint \S+/latest.pt is unreadable .*; resuming from \S+/history/"
+                     r"step-\d+\.pt instead$", log, re.M), log
+    assert "CheckpointWarning" not in log and "manager.load_latest()" not in log, log
     assert "resuming from" in log and re.findall(r"^epoch (\d+) \(step", log, re.M) == ["0", "1", "2", "3"]
     assert_same_training(outputs(wd), want)
 

@@ -37,15 +37,35 @@ def cmd_train(args) -> int:
         from snakeshard.train.ranks import run_rank
 
         def rank_body(world, device):
-            with naming_stage(spec["stage"]):
+            with naming_stage(spec["stage"]), warnings_as_lines():
                 return run_training(spec, run_dir, world=world, device=device)
         return run_rank(spec, run_dir, rank_body)
-    with naming_stage(spec["stage"]), one_trainer(run_dir):
+    with naming_stage(spec["stage"]), one_trainer(run_dir), warnings_as_lines():
         if ranks > 1:
             from snakeshard.train.ranks import launch
 
             return launch(spec, args, run_dir, ranks)
         return run_training(spec, run_dir)
+
+
+@contextlib.contextmanager
+def warnings_as_lines():
+    """snakeshard's own warnings (a CheckpointWarning: latest.pt unreadable, an older one used) as one line in the
+    job's log: Python's format added snakeshard's file, line number and source line (a user trial)."""
+    import warnings
+
+    from snakeshard.train.checkpoint import CheckpointWarning
+
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, CheckpointWarning):
+                print(f"snakeshard: warning: {message}", file=sys.stderr, flush=True)
+            else:
+                shown(message, category, filename, lineno, file, line)
+        warnings.showwarning = show
+        yield
 
 
 @contextlib.contextmanager
