@@ -344,7 +344,7 @@ def test_bad_inputs_fail_the_training_job_naming_what_and_where_and_keep_what_wa
     # a NaN loss: stops naming step and keys; with skip_nonfinite the batch is skipped and logged
     set_training(wd, nan_on_key="train-2-005")
     line = error_line(run_snakemake(wd, TRAIN_TARGET))
-    assert "train_step: loss nan at step" in line and "'train-2-005'" in line and "skip_nonfinite" in line
+    assert "train_step: loss nan at step" in line and "'train-2-005'" in line and "skip_nonfinite: true" in line
     set_training(wd, skip_nonfinite=True)
     subprocess.run(["rm", "-rf", f"{TRAINED}/checkpoints", f"{TRAINED}/steps.jsonl"], cwd=wd, check=True)
     assert run_snakemake(wd, TRAIN_TARGET).returncode == 0
