@@ -59,7 +59,8 @@ def test_schema_defaults_are_the_codes():
     resources = parse.stage_resources({"stages": {"s": {}}}, "s")
     assert defaults(stage["resources"]) == {"mem_mb": resources["mem_mb"], "runtime": resources["runtime"],
                                             "gpu": parse.requested_gpus({})}
-    assert stage["resources"]["properties"]["cpus_per_task"]["x-default"] == f"workers, else {resources['cpus_per_task']}"
+    assert stage["resources"]["properties"]["cpus_per_task"]["x-default"] == (
+        f"workers (a training stage: ranks), else {resources['cpus_per_task']}")
     assert stage["retries"]["default"] == resources["retries"]
     assert defaults(stage["fingerprint"]) == parse.FINGERPRINT_DEFAULTS
     assert defaults(stage["checkpoint"]) == {**loop.DEFAULTS["checkpoint"], "signal_seconds": parse.SIGNAL_SECONDS}

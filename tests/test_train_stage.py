@@ -375,6 +375,20 @@ def test_bad_inputs_fail_the_training_job_naming_what_and_where_and_keep_what_wa
     assert run_snakemake(wd, TRAIN_TARGET).returncode == 0
 
 
+def test_ranks_raise_the_training_jobs_cpus_and_threads(tmp_path):
+    """A user trial: ranks: 2 ran 2 rank processes in a job asking for 1 CPU (workers raises it; ranks did not)."""
+    wd = make_project(tmp_path / "p", epochs=1)
+    set_training(wd, ranks=2)
+    dry = run_snakemake(wd, "-n", TRAIN_TARGET)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    job = dry.stdout[dry.stdout.index("rule train_train:"):]
+    job = job[:job.index("\n\n")] if "\n\n" in job else job
+    assert re.search(r"^\s*threads: 2$", job, re.M) and "cpus_per_task=2" in job, job
+    set_training(wd, resources={"cpus_per_task": 4})  # a request of one's own stands
+    job = run_snakemake(wd, "-n", TRAIN_TARGET).stdout
+    assert "cpus_per_task=4" in job[job.index("rule train_train:"):], job
+
+
 def test_a_stale_upstream_merge_is_refused_by_the_training_job(tmp_path):
     wd = make_project(tmp_path / "p", epochs=1)
     assert run_snakemake(wd, TRAIN_TARGET).returncode == 0

@@ -27,7 +27,7 @@ from snakeshard.io.atomic import write_if_changed
 from snakeshard.io.writers import check_outputs_config
 from snakeshard.version import __version__
 from snakeshard.workflow.train_config import (check_stage_kind, is_training, loop_config, model_config_keys,
-                                              model_source, training_stages)
+                                              model_source, ranks as training_ranks, training_stages)
 
 # The canary's shard dir, beside the stage's dataset dirs (dataset names cannot start with "_").
 CANARY_DIR = "_canary"
@@ -413,8 +413,11 @@ def stage_resources(config: dict, stage: str) -> dict:
     """
     s = config["stages"][stage]
     resources = {**DEFAULT_RESOURCES, **(s.get("resources") or {}), "retries": s.get("retries", 0)}
-    if "workers" in s and "cpus_per_task" not in (s.get("resources") or {}):
-        resources["cpus_per_task"] = s["workers"]  # a job running N workers asks for N CPUs (and N local cores)
+    if "cpus_per_task" not in (s.get("resources") or {}):
+        if "workers" in s:
+            resources["cpus_per_task"] = s["workers"]  # a job running N workers asks for N CPUs (and N local cores)
+        elif is_training(s) and training_ranks(s) > 1:
+            resources["cpus_per_task"] = training_ranks(s)  # likewise a training job running N rank processes
     return resources
 
 
