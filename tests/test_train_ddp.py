@@ -193,6 +193,26 @@ def test_a_rank_that_raises_fails_the_job_naming_it_and_its_error(tmp_path):
     assert other["follows"], other  # it stopped because this rank was gone: not named as the cause
 
 
+def test_a_rank_stopped_by_the_launcher_after_writing_its_error_is_named_with_its_own_exit_code(tmp_path):
+    """Both ranks refuse a checkpoint; rank 1 exits first, and the launcher's SIGTERM reaches rank 0 after it wrote
+    its status (CI saw this race once: "exit code -15"). The line names rank 0's error with the code it chose."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from snakeshard.errors import SnakeshardError
+    from snakeshard.io.atomic import atomic_write_json
+    from snakeshard.train import ranks
+
+    error = "results/x/checkpoints/latest.pt is an unfinished run of another config"
+    (tmp_path / "logs").mkdir()
+    for rank in (0, 1):
+        atomic_write_json(ranks.status_path(tmp_path, rank), {"rank": rank, "exit": 1, "error": error,
+                                                              "follows": False, "time": 100.0 + rank})
+    failures = {0: ProcessFailure(0, 11, -15, "/nonexistent"), 1: ProcessFailure(1, 12, 1, "/nonexistent")}
+    with pytest.raises(SnakeshardError) as raised:
+        ranks._failed("train", failures, tmp_path, 2, tmp_path / "checkpoints/latest.pt")
+    assert str(raised.value) == f"stages.train: rank 0 of 2 failed (exit code 1): {error}; the other ranks were stopped"
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"ranks": 0}, "stages.train.ranks: 0 is less than the minimum of 1"),
     ({"ranks": "two"}, "stages.train.ranks: 'two' is not of type 'integer'"),
