@@ -236,8 +236,11 @@ def test_a_sharding_change_is_told_as_a_new_cut_not_as_changed_audio(project):
 
 def test_a_plan_of_fewer_shards_removes_the_old_shard_dirs_after_its_merge(project):
     """Six shards of 1 key become three of 2: after the merge, split.3..5 and their logs (nothing reads them any
-    more) are gone, the merge log says so, and the merged output is the same as before."""
+    more) are gone, the merge log says so, and the merged output is the same as before. A split dir the user
+    moved elsewhere and linked: the link goes, the directory it points to stays."""
     before = merged(project)
+    (project / SET / "split.5").rename(project / "scratch-split.5")
+    (project / SET / "split.5").symlink_to(project / "scratch-split.5")
     config = read_config(project)
     config["stages"]["energy"]["sharding"] = {"shard_size": 2}
     write_config(project, config)
@@ -246,6 +249,7 @@ def test_a_plan_of_fewer_shards_removes_the_old_shard_dirs_after_its_merge(proje
     assert sorted(p.name for p in (project / SET / "logs").glob("split.*")) == [f"split.{n}.log" for n in range(3)]
     assert ("removed split.3..split.5 (3 directories an earlier plan of more shards left): the plan has 3 shards"
             in (project / SET / "logs/merge.log").read_text())
+    assert (project / "scratch-split.5/done").is_file()
     assert merged(project) == before
 
 
@@ -404,7 +408,7 @@ def test_a_merged_file_deleted_after_the_merge_is_refused_then_merged_again(proj
     (no shard reruns)."""
     (project / SET / "energy").unlink()
     assert f"merged: missing energy" in status(project)
-    with pytest.raises(StaleMergedOutput, match=r"merged file\(s\) energy missing .*rm .*merged.json"):
+    with pytest.raises(StaleMergedOutput, match=r"merged file\(s\) energy missing .*; run snakemake again: it merges .* again from its shards"):
         require_current(project / SET, read_fingerprints(project / SET)["inputs"])
     (project / "ref.txt").write_text("".join(f"{k} x\n" for k in KEYS))
     wer = run_cli(project, "wer", "--hyp", f"{SET}/ref", "--ref", "ref.txt")

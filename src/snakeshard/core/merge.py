@@ -343,7 +343,10 @@ def remove_unplanned_shards(set_dir: Path, num_shards: int) -> list[int]:
     for entry in os.scandir(set_dir):
         number = entry.name.removeprefix("split.")
         if entry.is_dir() and number != entry.name and number.isdigit() and int(number) >= num_shards:
-            shutil.rmtree(entry.path)
+            if entry.is_symlink():  # the user put it elsewhere (scratch): the link goes, what it points to stays
+                os.unlink(entry.path)
+            else:
+                shutil.rmtree(entry.path)
             Path(set_dir, "logs", f"split.{number}.log").unlink(missing_ok=True)
             removed.append(int(number))
     return sorted(removed)
@@ -434,6 +437,7 @@ def forget_incomplete_merge(set_dir) -> list[str]:
 
 
 def remerge_fix(set_dir) -> str:
-    """The command that merges a set again from its shards (still on disk) when its merged files were removed.
-    Snakemake reruns a job whose output is missing; merged.json is the merge's output."""
-    return f"merge it again: rm {Path(set_dir, 'merged.json')} && snakemake --profile <your profile>"
+    """What merges a set again from its shards (still on disk) when its merged files were removed: the next
+    snakemake parse removes such a merged.json (forget_incomplete_merge), and Snakemake reruns a job whose output
+    is missing."""
+    return f"run snakemake again: it merges {set_dir} again from its shards"
