@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -92,9 +93,11 @@ def train_process(wd: Path):
     return None
 
 
-def interrupt_at(wd: Path, step: int, sig: int, before=None, group: bool = False) -> subprocess.CompletedProcess:
+def interrupt_at(wd: Path, step: int, sig: int, before=None, group: bool = False,
+                 twice: bool = False) -> subprocess.CompletedProcess:
     """Run the training target; once ``step`` steps are logged, call ``before()`` if given, send ``sig`` to the
-    training job (``group``: to snakemake's whole process group, as a terminal's Ctrl-C does); wait for snakemake."""
+    training job (``group``: to snakemake's whole process group, as a terminal's Ctrl-C does; ``twice``: to the
+    job again 50 ms later, within the same step); wait for snakemake."""
     cmd = [sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2", TRAIN_TARGET]
     driver = subprocess.Popen(cmd, cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=group)
@@ -108,6 +111,9 @@ def interrupt_at(wd: Path, step: int, sig: int, before=None, group: bool = False
         if group:
             os.killpg(driver.pid, sig)
         else:
+            proc.send_signal(sig)
+        if twice:
+            time.sleep(0.05)
             proc.send_signal(sig)
         if before is not None and sig != signal.SIGKILL:
             proc.resume()
@@ -263,6 +269,24 @@ def test_ctrl_c_checkpoints_at_the_next_step_and_the_rerun_ends_with_an_uninterr
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
     ck = torch.load(wd / TRAINED / "checkpoints/latest.pt", weights_only=False)
     assert ck["progress"]["step"] == steps_done(wd) >= step
+    result = run_snakemake(wd, TRAIN_TARGET)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_training(outputs(wd), want)
+
+
+def test_ctrl_c_twice_stops_at_once_unsaved_with_one_line_and_the_rerun_ends_with_an_uninterrupted_runs_result(
+        tmp_path, tmp_path_factory):
+    """A second Ctrl-C before the step ends: the job stops at once, as a program does by default (no checkpoint at
+    that step), with one line and exit 130, no traceback; the rerun resumes from the last interval checkpoint."""
+    want = reference(tmp_path_factory, threads=1)
+    wd = make_project(tmp_path / "p", step_delay=0.1)
+    step = random.randint(3, 40)
+    stopped = interrupt_at(wd, step, signal.SIGINT, twice=True)
+    assert stopped.returncode != 0
+    log = (wd / TRAINED / "logs/train.log").read_text()
+    assert "snakeshard: train: interrupted (SIGINT); rerun to go on" in log, log[-2000:]
+    assert "stopped at step" not in log and "Traceback" not in log, log[-3000:]
+    assert "exit status 130" in stopped.stdout or "exit code: 130" in stopped.stdout, stopped.stdout[-2000:]
     result = run_snakemake(wd, TRAIN_TARGET)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_training(outputs(wd), want)
