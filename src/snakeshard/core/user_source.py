@@ -117,15 +117,12 @@ def is_collect_stats_runner(path: str, where: str) -> bool:
     """Whether the runner ``path`` is snakeshard's CollectStatsRunner (by any path that re-exports it, e.g.
     ``snakeshard.stages.CollectStatsRunner``) or a class whose own source names it as a base: the stages whose
     merged output holds ``feats_stats.npz``, what a training stage's ``stats:`` reads."""
-    import ast
-
     module, attr, _ = _locate(path, where)
     if f"{module}.{attr}" == COLLECT_STATS_RUNNER:
         return True
     found = check_import_path(path, where)
-    node = next((n for n in found[1].body if isinstance(n, ast.ClassDef) and n.name == attr), None) if found else None
-    bases = [ast.unparse(base) for base in node.bases] if node else []
-    return any(base.rpartition(".")[2] == "CollectStatsRunner" for base in bases)
+    node = _top_level_classes(found[1]).get(attr) if found else None
+    return node is not None and any(base.rpartition(".")[2] == "CollectStatsRunner" for base in _base_names(node))
 
 
 # Base classes of snakeshard's that define no step of their own (their steps raise NotImplementedError).
@@ -141,7 +138,7 @@ def defines_method(path: str, method: str, where: str) -> bool | None:
     found = check_import_path(path, where)
     if found is None:
         return None
-    classes = {n.name: n for n in found[1].body if isinstance(n, ast.ClassDef)}
+    classes = _top_level_classes(found[1])
     todo, seen = [path.rpartition(".")[2]], set()
     while todo:
         name = todo.pop()
@@ -154,10 +151,7 @@ def defines_method(path: str, method: str, where: str) -> bool | None:
         if any(isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Assign)) and method in _bound_names(item)
                for item in node.body):
             return True
-        for base in node.bases:
-            base_name = ast.unparse(base)
-            if base_name.rpartition(".")[2] not in STEPLESS_BASES:
-                todo.append(base_name)
+        todo += [base for base in _base_names(node) if base.rpartition(".")[2] not in STEPLESS_BASES]
     return False
 
 
@@ -269,10 +263,22 @@ def _hook_problem(item) -> str | None:
 
 def _class_body(tree, path: str) -> list:
     """The statements of the class ``path`` names, as defined at top level of the module ``tree`` ([] if not)."""
+    node = _top_level_classes(tree).get(path.rpartition(".")[2])
+    return node.body if node is not None else []
+
+
+def _top_level_classes(tree) -> dict:
+    """The classes the module ``tree`` defines at its top level, by name."""
     import ast
 
-    name = path.rpartition(".")[2]
-    return next((node.body for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name), [])
+    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def _base_names(node) -> list[str]:
+    """The base classes of the class ``node`` as its source writes them (``Base``, ``module.Base``)."""
+    import ast
+
+    return [ast.unparse(base) for base in node.bases]
 
 
 def _locate(path: str, where: str) -> tuple[str, str, str | None]:
