@@ -139,6 +139,16 @@ def test_every_type_round_trips_bit_exact_from_any_directory(tmp_path, monkeypat
     data = load_dataset({"path": str(out)})
     assert data.keys == KEYS and np.array_equal(data.load_audio("utt004", dtype="int16")[0],
                                                 expected["utt004"]["wav"].samples)
+    # a data dir's fields: its records'
+    (make_kaldi_dir(wd / "data/said", KEYS, Path("data/demo/wav/cards-001.wav")) / "text").write_text(
+        "".join(f"{k} words of {k}\n" for k in KEYS))
+    source = load_dataset({"path": str(wd / "data/said"), "name": "toy"})
+    assert source.load_field("utt004", "text") == "words of utt004"
+    from snakeshard.errors import DataError
+
+    with pytest.raises(DataError, match=r"^datasets.toy: key 'utt004' has no field 'tokens' \(its record has "
+                                        r"\['audio', 'key', .*'text'\]\); a field another stage wrote is read over "):
+        source.load_field("utt004", "tokens")
     # what a chained stage's provider gets: every field, through the dataset
     inputs = json.loads((out / "merged.json").read_text())["inputs"]
     chained = load_dataset({"format": "stage", "path": str(out), "upstream_inputs": inputs,

@@ -444,6 +444,17 @@ class KaldiDataset:
                         "output: run this stage over a chained dataset, e.g. datasets: "
                         f"{{feats_{name}: {{from_stage: <the stage that writes {field!r}>, dataset: {name}}}}}")
 
+    def load_field(self, key: str, field: str):
+        """A field of the key's record: ``text``, ``spk``, ``start``/``end``, or a JSON Lines field (what
+        ``dataset[key]`` holds). A chained dataset (StageOutputDataset) gives its upstream's fields instead."""
+        record = self[key]
+        if field not in record:
+            name = self.spec.get("name", "?")
+            raise DataError(f"datasets.{name}: key {key!r} has no field {field!r} (its record has "
+                            f"{sorted(record)}); a field another stage wrote is read over a chained dataset, e.g. "
+                            f"datasets: {{out_{name}: {{from_stage: <the stage>, dataset: {name}}}}}")
+        return record[field]
+
     def load_audio(self, key: str, dtype: str = "float32"):
         """(samples, sample_rate) of one item; segments are cut; Kaldi pipes are run.
 
