@@ -130,23 +130,31 @@ def _config(config: dict | None) -> dict:
     return cfg
 
 
-def _flatten(d, prefix=""):
-    out = {}
-    for k, v in (d or {}).items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+class _Unset:
+    """A key one side of a config diff lacks."""
+
+    def __repr__(self) -> str:
+        return "(unset)"
+
+
+UNSET = _Unset()
 
 
 def config_diff(old: dict, new: dict) -> list[str]:
-    """``key: old -> new`` for each result-changing key that differs (dotted names for nested keys)."""
-    a = _flatten({k: v for k, v in old.items() if k not in RESULT_NEUTRAL})
-    b = _flatten({k: v for k, v in new.items() if k not in RESULT_NEUTRAL})
-    missing = object()
-    return [f"{_diff_name(k)}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}"
-            for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
+    """``key: old -> new`` for each result-changing key that differs (dotted names where both sides are dicts:
+    ``schedule.warmup_steps: 0 -> 100``; a dict set where there was none is shown whole)."""
+    return [f"{_diff_name(key)}: {a!r} -> {b!r}"
+            for key, a, b in _differences({k: v for k, v in old.items() if k not in RESULT_NEUTRAL},
+                                          {k: v for k, v in new.items() if k not in RESULT_NEUTRAL})]
+
+
+def _differences(a: dict, b: dict, prefix: str = ""):
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k, UNSET), b.get(k, UNSET)
+        if isinstance(x, dict) and isinstance(y, dict):
+            yield from _differences(x, y, f"{prefix}{k}.")
+        elif x != y:
+            yield f"{prefix}{k}", x, y
 
 
 def _diff_name(key: str) -> str:
