@@ -326,6 +326,8 @@ def test_an_unfinished_run_whose_config_changed_is_refused_naming_it_and_starts_
     wd = make_project(tmp_path / "p", step_delay=0.1)
     assert interrupt_at(wd, 10, signal.SIGKILL).returncode != 0
     set_training(wd, lr=0.02)
+    assert ("resumes from it if the stage's config and data are those it started with (if not, the run is refused, "
+            "naming what changed)") in run_cli(wd, "status").stdout  # status loads no checkpoint: it cannot tell
     result = run_snakemake(wd, TRAIN_TARGET)
     assert result.returncode != 0
     line = next(line for line in result.stdout.splitlines() + result.stderr.splitlines()

@@ -266,7 +266,8 @@ def training_state(training: dict) -> tuple[str, str]:
     if done is not None:
         return "stale", "trained with another config or data; snakemake trains again" + (f" ({where})" if steps else "")
     if steps:
-        return "interrupted", f"{where}; snakemake resumes from it under the config it was started with"
+        return "interrupted", (f"{where}; snakemake resumes from it if the stage's config and data are those it "
+                               "started with (if not, the run is refused, naming what changed)")
     return "pending", ""
 
 
