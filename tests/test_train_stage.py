@@ -272,6 +272,11 @@ def test_ctrl_c_checkpoints_at_the_next_step_and_the_rerun_ends_with_an_uninterr
     result = run_snakemake(wd, TRAIN_TARGET)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_training(outputs(wd), want)
+    # Snakemake deleted train.log before the rerun; each attempt's log stays under logs/attempts/
+    logs = wd / TRAINED / "logs"
+    assert sorted(p.name for p in (logs / "attempts").iterdir()) == ["1.log", "2.log"]
+    assert (logs / "attempts/1.log").read_text() == log and "SIGINT: stopped" not in (logs / "train.log").read_text()
+    assert os.path.samefile(logs / "attempts/2.log", logs / "train.log")
 
 
 def test_ctrl_c_twice_stops_at_once_unsaved_with_one_line_and_the_rerun_ends_with_an_uninterrupted_runs_result(

@@ -41,11 +41,25 @@ def cmd_train(args) -> int:
                 return run_training(spec, run_dir, world=world, device=device)
         return run_rank(spec, run_dir, rank_body)
     with naming_stage(spec["stage"]), one_trainer(run_dir), warnings_as_lines():
+        keep_attempt_log(getattr(args, "log", None))
         if ranks > 1:
             from snakeshard.train.ranks import launch
 
             return launch(spec, args, run_dir, ranks)
         return run_training(spec, run_dir)
+
+
+def keep_attempt_log(log: str | None) -> None:
+    """Snakemake deletes a rule's log before each attempt (a retry, a rerun), and a training job's earlier attempts
+    say why it needed another (a time limit, a NaN): the job links its log (a hard link, no copy) as
+    ``logs/attempts/<n>.log``, n one more than the newest there, so every attempt's lines stay."""
+    if not log or not os.path.exists(log):  # no log, or it could not be opened (the output then goes to stderr)
+        return
+    attempts = Path(log).parent / "attempts"
+    attempts.mkdir(exist_ok=True)
+    n = 1 + max((int(p.stem) for p in attempts.glob("*.log") if p.stem.isdigit()), default=0)
+    with contextlib.suppress(OSError):  # a filesystem without hard links: this attempt's log only
+        os.link(log, attempts / f"{n}.log")
 
 
 @contextlib.contextmanager
