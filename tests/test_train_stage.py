@@ -372,13 +372,22 @@ def test_bad_inputs_fail_the_training_job_naming_what_and_where_and_keep_what_wa
     fbank_made = fbank_log.stat().st_mtime
     set_training(wd, num_mel_bins=20)
 
-    # a NaN loss: stops naming step and keys; with skip_nonfinite the batch is skipped and logged
+    # a NaN loss: stops naming step and keys; with skip_nonfinite the batch is skipped and logged, and the run the
+    # NaN stopped resumes from its checkpoint (its steps had finite losses: they are skip_nonfinite's too)
     set_training(wd, nan_on_key="train-2-005")
     line = error_line(run_snakemake(wd, TRAIN_TARGET))
     assert "train_step: loss nan at step" in line and "'train-2-005'" in line and "skip_nonfinite: true" in line
+    assert int(re.search(r"loss nan at step (\d+)", line)[1]) > 2  # checkpointed before (interval 2)
+    assert (wd / TRAINED / "checkpoints/latest.pt").exists()
     set_training(wd, skip_nonfinite=True)
-    subprocess.run(["rm", "-rf", f"{TRAINED}/checkpoints", f"{TRAINED}/steps.jsonl"], cwd=wd, check=True)
     assert run_snakemake(wd, TRAIN_TARGET).returncode == 0
+    assert ("written under another config, resumed as this one's: skip_nonfinite was off"
+            in (wd / TRAINED / "logs/train.log").read_text())
+    resumed = outputs(wd)
+    subprocess.run(["rm", "-r", f"{TRAINED}/checkpoints", f"{TRAINED}/steps.jsonl"], cwd=wd, check=True)
+    assert run_snakemake(wd, "--forcerun", "train_train", TRAIN_TARGET).returncode == 0
+    assert "resumed" not in (wd / TRAINED / "logs/train.log").read_text()
+    assert_same_training(outputs(wd), resumed)  # from step 0 with skip_nonfinite: the resumed run's result
     skipped = [json.loads(line) for line in (wd / TRAINED / "steps.jsonl").read_text().splitlines()
                if "skipped_nonfinite" in line]
     assert len(skipped) == 2 and all("train-2-005" in s["skipped_nonfinite"][0] for s in skipped)  # once per epoch

@@ -152,3 +152,11 @@ def result_inputs(spec: dict) -> dict:
     inputs = {k: v for k, v in spec.items() if k not in ("loop", "fingerprint", "fingerprint_ignore")}
     inputs["provider_config"] = {k: v for k, v in spec["provider_config"].items() if k not in ignored}
     return inputs
+
+
+def training_fingerprint(spec: dict, version: str) -> str:
+    """A training stage's fingerprint: its result inputs, its loop config less ``checkpoint`` (cadence changes no
+    result) and snakeshard's ``version``. The workflow computes it at parse; the job, for checkpoints an earlier
+    config of the same result wrote (train.stage)."""
+    loop = {k: v for k, v in spec["loop"].items() if k != "checkpoint"}
+    return digest(json.dumps({**result_inputs(spec), "loop": loop, "version": version}, sort_keys=True))

@@ -198,7 +198,11 @@ def _json_value(value):
 def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict | None = None,
           run_dir: str | os.PathLike = ".", *, fingerprint: str = "", restart: bool = False,
           batches: list[list[str]] | None = None, valid_batches: list[list[str]] | None = None,
-          split_env: dict | None = None, on_line=None, inputs: dict | None = None) -> TrainResult:
+          split_env: dict | None = None, on_line=None, inputs: dict | None = None,
+          continues: dict[str, str] | None = None) -> TrainResult:
+    """Train ``runner_cls``'s steps over ``train_keys`` in ``run_dir`` (checkpoints/, steps.jsonl), resuming from its
+    latest checkpoint when that was written under ``fingerprint`` (this config and data), or under one of
+    ``continues``' fingerprints: other configs whose steps are this one's, each with the reason (train.stage)."""
     import torch
 
     cfg = _config(config)
@@ -253,7 +257,7 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     p = {"step": 0, "epoch": 0, "batch_pos": 0, "best_score": None, "best_epoch": None, "bad_epochs": 0,
          "finished": False, "stopped_early": False}
     meters_state, log_bytes, resumed_from = None, 0, None
-    loaded = _resume_point(manager, cfg, fingerprint, inputs, ckdir, log_path, world)
+    loaded = _resume_point(manager, cfg, fingerprint, inputs, ckdir, log_path, world, continues or {})
     if loaded is not None:
         ck, resumed_from = loaded
         model.load_state_dict(ck["model"])
@@ -368,9 +372,8 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
                                     continue
                                 raise NonFiniteLoss(f"{name}.train_step: loss {loss.detach().tolist()} at step "
                                                     f"{p['step'] + 1} (epoch {p['epoch']}, batch {b}) on keys {keys}; "
-                                                    "set skip_nonfinite: true to skip such batches (another config: "
-                                                    "the rerun refuses this run's checkpoints, naming the rm -r that "
-                                                    "starts it over)")
+                                                    "set skip_nonfinite: true to skip such batches (a training stage's rerun resumes "
+                                                    "from this run's last checkpoint)")
                             with _step_context(name, "backward of train_step's loss", p, b, keys):
                                 (loss / len(window)).backward()
                         values = {k: (v.detach() if hasattr(v, "detach") else v) for k, v in out.items()}
@@ -437,7 +440,7 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     return _result(p, manager, resumed_from)
 
 
-def _resume_point(manager, cfg, fingerprint, inputs, ckdir, log_path, world):
+def _resume_point(manager, cfg, fingerprint, inputs, ckdir, log_path, world, continues: dict[str, str]):
     """(checkpoint, path) to resume from, or None to start at step 0. Rank 0 decides (and is the one that starts over
     or refuses); the other ranks read the file it chose after it decided."""
     if world.rank != 0:
@@ -449,26 +452,39 @@ def _resume_point(manager, cfg, fingerprint, inputs, ckdir, log_path, world):
         loaded = manager.load_latest()
         if loaded is not None:
             ck, path = loaded
-            # keys a checkpoint from before they existed lacks: what they meant then
-            old = {"ranks": ck.get("world_size", 1), **ck.get("config", {})}
-            diff = config_diff(old, cfg) + config_diff(ck.get("inputs") or {}, inputs or {})
-            what = (f"the config differs ({'; '.join(diff)})" if diff else
-                    f"the inputs differ (fingerprint {ck.get('fingerprint')!r} in the checkpoint, {fingerprint!r} now)")
-            if (diff or ck.get("fingerprint") != fingerprint) and ck["progress"]["finished"]:
-                print(f"{path}: a finished run of another config or data ({what}); training starts over",
-                      file=sys.stderr, flush=True)
-                _start_over(ckdir, log_path)
+            continued = continues.get(ck.get("fingerprint"))
+            if continued:  # that fingerprint covers all but the keys the reason names: nothing else to compare
+                print(f"{path}: written under another config, resumed as this one's: {continued}", file=sys.stderr,
+                      flush=True)
+            elif _another_runs(ck, path, cfg, fingerprint, inputs, ckdir, log_path):
                 loaded = None
-            elif diff or ck.get("fingerprint") != fingerprint:
-                raise ResumeRefused(f"{path} was written by an unfinished run of another config or data: {what}. "
-                                    "To train with this config from step 0 (that run's steps are then lost), delete "
-                                    f"its checkpoints: rm -r {shlex.quote(str(ckdir))} {shlex.quote(str(log_path))}; "
-                                    "to resume that run instead, go back to its config and data")
     except SnakeshardError as e:
         world.broadcast({"refused": str(e), "path": None})
         raise
     world.broadcast({"refused": None, "path": None if loaded is None else str(loaded[1])})
     return loaded
+
+
+def _another_runs(ck: dict, path: Path, cfg: dict, fingerprint: str, inputs: dict | None, ckdir: Path,
+                  log_path: Path) -> bool:
+    """Whether checkpoint ``ck`` (at ``path``) is another config's or data's: a finished run's is removed and training
+    starts over (True); an unfinished run's is refused, naming what differs and the rm -r that starts over."""
+    # keys a checkpoint from before they existed lacks: what they meant then
+    old = {"ranks": ck.get("world_size", 1), **ck.get("config", {})}
+    diff = config_diff(old, cfg) + config_diff(ck.get("inputs") or {}, inputs or {})
+    if not diff and ck.get("fingerprint") == fingerprint:
+        return False
+    what = (f"the config differs ({'; '.join(diff)})" if diff else
+            f"the inputs differ (fingerprint {ck.get('fingerprint')!r} in the checkpoint, {fingerprint!r} now)")
+    if ck["progress"]["finished"]:
+        print(f"{path}: a finished run of another config or data ({what}); training starts over", file=sys.stderr,
+              flush=True)
+        _start_over(ckdir, log_path)
+        return True
+    raise ResumeRefused(f"{path} was written by an unfinished run of another config or data: {what}. To train with "
+                        "this config from step 0 (that run's steps are then lost), delete its checkpoints: rm -r "
+                        f"{shlex.quote(str(ckdir))} {shlex.quote(str(log_path))}; to resume that run instead, go back "
+                        "to its config and data")
 
 
 def _merged(states: list[dict]):

@@ -135,7 +135,7 @@ def run_training(spec: dict, run_dir: Path, *, world=None, device: str | None = 
     try:
         result = train(runner_cls, env, train_keys, valid_keys, spec["loop"], run_dir, fingerprint=spec["fingerprint"],
                        batches=batches, valid_batches=valid_batches, split_env=split_env, on_line=_print_epoch,
-                       inputs=result_inputs(spec))
+                       inputs=result_inputs(spec), continues=continued_configs(spec))
     except TrainingInterrupted as e:
         if first:
             print(f"training stage {stage!r}: {e}", file=sys.stderr, flush=True)
@@ -152,6 +152,25 @@ def run_training(spec: dict, run_dir: Path, *, world=None, device: str | None = 
              if result.best_score is not None else "")
           + (" (stopped early)" if result.stopped_early else "") + f"; wrote {run_dir / MODEL}", file=sys.stderr)
     return 0
+
+
+def continued_configs(spec: dict) -> dict[str, str]:
+    """The fingerprints of other configs whose checkpoints this stage's config resumes as its own, with the reason.
+
+    With ``skip_nonfinite: true``: the same config with it off (or unset). Off, the first non-finite loss stops
+    the run, so every step such a run checkpointed had finite losses and is what skip_nonfinite: true computes:
+    a run stopped by a NaN resumes after the user turns it on, as the stop's hint says, instead of starting over."""
+    from snakeshard.core.fingerprint import training_fingerprint
+    from snakeshard.version import __version__
+
+    loop = spec["loop"]
+    if not loop.get("skip_nonfinite"):
+        return {}
+    unset = {k: v for k, v in loop.items() if k != "skip_nonfinite"}
+    reason = ("skip_nonfinite was off, which stops at the first non-finite loss, so each of its steps is what "
+              "skip_nonfinite: true computes")
+    return {training_fingerprint({**spec, "loop": off}, __version__): reason
+            for off in (unset, {**unset, "skip_nonfinite": False})}
 
 
 def _check_normalize(runner_cls, spec: dict, where: str) -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from snakeshard.core.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
 from snakeshard.core.devices import requested_gpus
-from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, digest, inputs_digest, keys_text,
-                                         records_digest, result_inputs, shard_fingerprint, shard_inputs_text,
-                                         stage_fingerprint)
+from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, inputs_digest, keys_text,
+                                         records_digest, shard_fingerprint, shard_inputs_text, stage_fingerprint,
+                                         training_fingerprint)
 from snakeshard.core.plan import (AUTO, DEFAULT_SHARDING, ensure_plan, overlapping_shards, read_audio_files,
                                   shards_per_job)
 from snakeshard.core.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys, shard_job_files
@@ -603,9 +603,7 @@ class Workflow:
                 "sort_by_length": bool(s.get("sort_by_length")), "gpus": requested_gpus(s.get("resources") or {}),
                 # each set's inputs digest: its keys, records, audio, upstream merge, code and provider config
                 "sets": {ds: self.inputs[stage, ds] for ds in s["datasets"]}}
-        result = {**result_inputs(spec), "loop": {k: v for k, v in spec["loop"].items() if k != "checkpoint"},
-                  "version": __version__}
-        spec["fingerprint"] = digest(json.dumps(result, sort_keys=True))
+        spec["fingerprint"] = training_fingerprint(spec, __version__)
         write_if_changed(Path(out) / TRAIN_SPEC, json.dumps(spec, indent=1, sort_keys=True) + "\n")
         upstream = [f"{set_dir(self.config, *self.upstream[stage, ds])}/merged.json"
                     for ds in s["datasets"] if (stage, ds) in self.upstream]
