@@ -67,6 +67,7 @@ import snakeshard.train.rng as rng
 from snakeshard.core.hooks import runner_name
 from snakeshard.errors import ContractError, SnakeshardError
 from snakeshard.train.checkpoint import CheckpointManager, CheckpointWarning, read_checkpoint
+from snakeshard.train.numerics import settle_vector_math
 from snakeshard.train.ranks import RankLost, World
 from snakeshard.train.runner import defines, step_kwargs
 from snakeshard.train.schedule import make_scheduler
@@ -204,6 +205,8 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     latest checkpoint when that was written under ``fingerprint`` (this config and data), or under one of
     ``continues``' fingerprints: other configs whose steps are this one's, each with the reason (train.stage)."""
     import torch
+
+    settle_vector_math()  # before the first step (a training job settles it before the provider's build_env too)
 
     cfg = _config(config)
     world = World.current()
