@@ -1,4 +1,5 @@
-"""Reproduces the resume drift of docs/recipe-digits.md's "Known gap" (not a benchmark, a probe).
+"""Reproduces the resume drift issues 26/27 had on AVX-512 CPUs (not a benchmark, a probe; its cause and the change
+that ended it: bench/RESULTS.md section 28).
 
 In a digits project (`snakeshard init --recipe digits DIR --data ...`, run once to the end), retrains the training
 stage uninterrupted as the reference, then for each N: kill -9 of snakemake and its jobs once N steps are

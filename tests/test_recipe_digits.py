@@ -195,20 +195,8 @@ def kill(driver: subprocess.Popen, wd: Path, everything: bool = True) -> None:
     snakemake(wd, "--unlock")
 
 
-def _avx512() -> bool:
-    try:
-        import torch
-    except ImportError:  # the tests that need torch skip themselves
-        return False
-    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-
-
-# An open defect, not a tolerance: on an Intel Xeon with AVX-512 a resume at some steps drifts from the
-# uninterrupted run in the last bits from its second update on (docs/recipe-digits.md, "Known gap"; narrowed to torch's
-# CPU kernels with 2 threads in bench/RESULTS.md section 27). The test runs there as it does everywhere and reports
-# XPASS when the resume happens to be exact.
-@pytest.mark.xfail(condition=_avx512(), strict=False,
-                   reason="a resume can drift in the last bits on AVX-512 CPUs: docs/recipe-digits.md, Known gap")
+# On an Intel Xeon with AVX-512 this failed in some runs (a resume drifting in the last bits) until the training job
+# settled torch's vector math before its first step: bench/RESULTS.md section 28. No tolerance, no xfail.
 def test_kill_9_of_driver_and_jobs_at_several_points_ends_with_the_same_bytes(reference, tmp_path):
     """kill -9 of everything while fbank runs; of the training job alone (its retry resumes); of everything
     mid-training; of the driver alone mid-training (its training job goes on as an orphan: the rerun's training
