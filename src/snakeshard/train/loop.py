@@ -375,8 +375,8 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
                                     continue
                                 raise NonFiniteLoss(f"{name}.train_step: loss {loss.detach().tolist()} at step "
                                                     f"{p['step'] + 1} (epoch {p['epoch']}, batch {b}) on keys {keys}; "
-                                                    "set skip_nonfinite: true to skip such batches (a training stage's rerun resumes "
-                                                    "from this run's last checkpoint)")
+                                                    "set skip_nonfinite: true to skip such batches (a training "
+                                                    "stage's rerun resumes from this run's last checkpoint)")
                             with _step_context(name, "backward of train_step's loss", p, b, keys):
                                 (loss / len(window)).backward()
                         values = {k: (v.detach() if hasattr(v, "detach") else v) for k, v in out.items()}

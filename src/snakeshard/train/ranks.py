@@ -175,8 +175,9 @@ def _failed(stage: str, failures: dict, run_dir: Path, ranks: int, latest: Path)
     own = [r for r in failed if r in statuses and not statuses[r].get("follows")] or failed
     root = silent[0] if silent else min(own, key=lambda r: (statuses[r].get("time", 0), r))
     failure = failures[root]
-    if root in statuses:  # its own exit code: the launcher may have seen SIGTERM, sent while it was leaving
-        how = f"failed (exit code {statuses[root].get('exit', 1)}): {statuses[root].get('error') or 'no error message'}"
+    if root in statuses:  # the exit code it wrote: the launcher may have seen the SIGTERM it sent as the rank left
+        status = statuses[root]
+        how = f"failed (exit code {status.get('exit', 1)}): {status.get('error') or 'no error message'}"
     elif failure.exitcode < 0:
         how = f"died of {failure.signal_name()} (exit code {failure.exitcode}, pid {failure.pid})"
     else:

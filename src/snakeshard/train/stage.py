@@ -112,7 +112,6 @@ def run_training(spec: dict, run_dir: Path, *, world=None, device: str | None = 
     from snakeshard.core.fingerprint import result_inputs
     from snakeshard.core.user_code import import_object
     from snakeshard.train.loop import TrainingInterrupted, train
-
     from snakeshard.train.numerics import settle_vector_math
 
     settle_vector_math()  # before the provider's build_env can run torch on several threads
