@@ -255,17 +255,23 @@ def test_kill_9_sigterm_and_a_corrupt_latest_pt_end_with_an_uninterrupted_runs_r
     assert_same_training(outputs(wd), want)
 
 
+def ctrl_c(tmp_path, tmp_path_factory, **how) -> tuple:
+    """A training project (1 torch thread) sent SIGINT once a random step is logged (``how``: interrupt_at's group
+    or twice): the uninterrupted run's outputs, the project, the step, snakemake's result, the train log."""
+    want = reference(tmp_path_factory, threads=1)
+    wd = make_project(tmp_path / "p", step_delay=0.1)
+    step = random.randint(3, 40)
+    stopped = interrupt_at(wd, step, signal.SIGINT, **how)
+    assert stopped.returncode != 0
+    return want, wd, step, stopped, (wd / TRAINED / "logs/train.log").read_text()
+
+
 def test_ctrl_c_checkpoints_at_the_next_step_and_the_rerun_ends_with_an_uninterrupted_runs_result(
         tmp_path, tmp_path_factory):
     """SIGINT to snakemake's process group (a terminal's Ctrl-C) does what SIGTERM does to the training job: a
     checkpoint at the next step boundary, one line, a non-zero exit (a user trial: a KeyboardInterrupt traceback
     and no checkpoint, up to every_seconds of steps lost)."""
-    want = reference(tmp_path_factory, threads=1)
-    wd = make_project(tmp_path / "p", step_delay=0.1)
-    step = random.randint(3, 40)
-    stopped = interrupt_at(wd, step, signal.SIGINT, group=True)
-    assert stopped.returncode != 0
-    log = (wd / TRAINED / "logs/train.log").read_text()
+    want, wd, step, stopped, log = ctrl_c(tmp_path, tmp_path_factory, group=True)
     assert re.search(r"SIGINT: stopped (at step|after epoch) \d+ .*checkpoint .*latest.pt; rerun to resume", log), \
         log[-2000:]
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
@@ -285,12 +291,7 @@ def test_ctrl_c_twice_stops_at_once_unsaved_with_one_line_and_the_rerun_ends_wit
         tmp_path, tmp_path_factory):
     """A second Ctrl-C before the step ends: the job stops at once, as a program does by default (no checkpoint at
     that step), with one line and exit 130, no traceback; the rerun resumes from the last interval checkpoint."""
-    want = reference(tmp_path_factory, threads=1)
-    wd = make_project(tmp_path / "p", step_delay=0.1)
-    step = random.randint(3, 40)
-    stopped = interrupt_at(wd, step, signal.SIGINT, twice=True)
-    assert stopped.returncode != 0
-    log = (wd / TRAINED / "logs/train.log").read_text()
+    want, wd, _, stopped, log = ctrl_c(tmp_path, tmp_path_factory, twice=True)
     assert "snakeshard: train: interrupted (SIGINT); rerun to go on" in log, log[-2000:]
     assert "stopped at step" not in log and "stopped after epoch" not in log and "Traceback" not in log, log[-3000:]
     assert "exit status 130" in stopped.stdout or "exit code: 130" in stopped.stdout, stopped.stdout[-2000:]
