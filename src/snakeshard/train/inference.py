@@ -61,7 +61,9 @@ def with_trained_model(env: dict, spec: dict) -> dict:
     import torch
 
     from snakeshard.core.data import load_dataset
+    from snakeshard.train.numerics import settle_vector_math
 
+    settle_vector_math()  # a shard rerun after a kill must infer what the first run did (numerics.py)
     model_ref, where = spec["model"], f"stages.{spec['stage']}"
     if "model" not in env:
         raise ContractError(f"{where}.provider: {spec['provider']} built no 'model' (it gave {sorted(env)})")
