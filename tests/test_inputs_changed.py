@@ -408,7 +408,8 @@ def test_a_merged_file_deleted_after_the_merge_is_refused_then_merged_again(proj
     (no shard reruns)."""
     (project / SET / "energy").unlink()
     assert f"merged: missing energy" in status(project)
-    with pytest.raises(StaleMergedOutput, match=r"merged file\(s\) energy missing .*; run snakemake again: it merges .* again from its shards"):
+    with pytest.raises(StaleMergedOutput,
+                       match=r"merged file\(s\) energy missing .*; run snakemake again: it merges .* again from its shards"):
         require_current(project / SET, read_fingerprints(project / SET)["inputs"])
     (project / "ref.txt").write_text("".join(f"{k} x\n" for k in KEYS))
     wer = run_cli(project, "wer", "--hyp", f"{SET}/ref", "--ref", "ref.txt")

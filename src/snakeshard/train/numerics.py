@@ -4,9 +4,9 @@ from __future__ import annotations
 
 
 def settle_vector_math() -> None:
-    """Run one of torch's vector-math elementwise functions (``exp``, MKL VML on torch's CPU builds) once, on this
-    thread alone, before any step of a training job (or ``infer_step`` of an inference job) can run one on several
-    threads.
+    """Run one of torch's vector-math elementwise functions (``exp``; MKL's VML on this CPU build, as far as the
+    measurements below tell) once, on this thread alone, before any step of a training job (or ``infer_step`` of
+    an inference job) can run one on several threads.
 
     Measured on an Intel Xeon with AVX-512, torch 2.13.0+cpu (bench/RESULTS.md section 28): when a process's first
     such call (AdamW's ``sqrt``) ran on 2 intra-op threads at once, one thread's half of the tensor came back
