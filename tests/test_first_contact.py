@@ -144,7 +144,9 @@ def test_lock_of_a_killed_driver_is_named_with_the_command_that_clears_it(toy_wo
     """A run beside a live driver stops on Snakemake's LockException alone; after kill -9 of the driver, the next
     run (plain, and wrapped in `timeout`, its parent) prints that no snakemake runs here and the unlock command,
     before Snakemake's LockException (before: the LockException alone). The printed command clears it."""
-    set_stage(toy_workdir, provider_config={"item_delay": 0.3})
+    # 0.6 s an item, 4 shards of 10 on 2 cores: ~12 s of work, so the driver is still running when it is killed even
+    # when the run beside it starts slowly (with 0.3 s, a loaded machine once saw the driver finish first)
+    set_stage(toy_workdir, provider_config={"item_delay": 0.6})
     driver = subprocess.Popen([sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2"],
                               cwd=toy_workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -152,6 +154,7 @@ def test_lock_of_a_killed_driver_is_named_with_the_command_that_clears_it(toy_wo
         beside = run_snakemake(toy_workdir)  # the lock is the live driver's
         assert beside.returncode != 0 and "LockException" in beside.stderr
         assert "snakeshard: .snakemake/locks" not in beside.stderr
+        assert driver.poll() is None, "the driver finished before it could be killed: give the stage more work"
     finally:
         driver.send_signal(signal.SIGKILL)
         driver.wait()
