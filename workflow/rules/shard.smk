@@ -31,6 +31,11 @@ def _shard_rule_functions(stage):
     def group_upstream(wildcards):
         return WF.shard_upstream(stage, wildcards.dataset, range(int(wildcards.first), int(wildcards.last) + 1))
 
+    def job_inputs(keys, canary, upstream):
+        # The upstream input only for a stage that has one (chained datasets, a trained model): Snakemake's DAG
+        # calls an input function once a job, 0.05-0.1 s of a warm `snakemake -n` at 1,000 shards (bench/RESULTS.md 29).
+        return {"shard_keys": keys, "canary": canary, **({"upstream": upstream} if WF.waits_upstream(stage) else {})}
+
     def escalated(name):
         return lambda wildcards, attempt: res[name] * attempt
 
@@ -40,7 +45,7 @@ def _shard_rule_functions(stage):
     resources = {name: res[name] for name in SLURM_PASSTHROUGH if name in res}  # unset ones stay unset
     resources.update(mem_mb=escalated("mem_mb"), runtime=escalated("runtime"), cpus_per_task=res["cpus_per_task"])
     return SimpleNamespace(inputs=inputs, resources=resources, upstream=upstream, group_upstream=group_upstream,
-                           group_keys=group_keys,
+                           group_keys=group_keys, job_inputs=job_inputs,
                            group_inputs=group_inputs, group_resources={**resources, "runtime": group_runtime})
 
 
@@ -51,9 +56,9 @@ for _stage in [stage for stage in SHARD_STAGES if not WF.grouped(stage)]:
         name:
             f"shard_{_stage}"
         input:
-            shard_keys=f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/keys",
-            canary=f"{WF.canaries[_stage]['dir']}/done",  # see canary.smk
-            upstream=_f.upstream,
+            # see canary.smk for the canary
+            **_f.job_inputs(f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/keys", f"{WF.canaries[_stage]['dir']}/done",
+                            _f.upstream),
         output:
             done=f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/done",
         log:
@@ -82,9 +87,7 @@ for _stage in [stage for stage in SHARD_STAGES if WF.grouped(stage)]:
         name:
             f"shard_{_stage}"
         input:
-            shard_keys=_f.group_keys,
-            canary=f"{WF.canaries[_stage]['dir']}/done",
-            upstream=_f.group_upstream,
+            **_f.job_inputs(_f.group_keys, f"{WF.canaries[_stage]['dir']}/done", _f.group_upstream),
         output:
             done=f"{WF.out}/{_stage}/{{dataset}}/jobs/shards.{{first}}-{{last}}.done",
         log:

@@ -682,6 +682,11 @@ class Workflow:
         source = model_source(self.config, stage)
         return files + ([self.trainings[source]["model"]["done"]] if source else [])
 
+    def waits_upstream(self, stage: str) -> bool:
+        """Whether a stage's shard jobs wait for another stage's jobs (``shard_upstream`` can be non-empty)."""
+        return (any((stage, ds) in self.upstream for ds in self.config["stages"][stage]["datasets"])
+                or model_source(self.config, stage) is not None)
+
     def num_shards(self, stage: str, dataset: str) -> int:
         return self.plans[stage, dataset]["num_shards"]
 
