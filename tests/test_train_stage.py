@@ -341,11 +341,57 @@ def test_an_unfinished_run_whose_config_changed_is_refused_naming_it_and_starts_
     line = next(line for line in result.stdout.splitlines() + result.stderr.splitlines()
                 if line.startswith("snakeshard: error:"))
     assert "unfinished run of another config or data" in line and "provider_config.lr: 0.01 -> 0.02" in line
+    assert "sets." not in line and "code." not in line  # the data and the code did not change: not named
     assert f"rm -r {TRAINED}/checkpoints {TRAINED}/steps.jsonl" in line
     subprocess.run(["rm", "-r", f"{TRAINED}/checkpoints", f"{TRAINED}/steps.jsonl"], cwd=wd, check=True)
     result = run_snakemake(wd, TRAIN_TARGET)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from" not in (wd / TRAINED / "logs/train.log").read_text()
+
+
+def test_the_training_spec_keeps_data_code_and_config_apart_so_a_refused_resume_names_the_one_that_changed(
+        tmp_path, monkeypatch):
+    """A refused resume lists what differs between the checkpoint's spec and the current one (loop.config_diff):
+    a config change is that key alone, a code change the code alone, a changed recording that set's data alone."""
+    from snakeshard.core.fingerprint import result_inputs
+    from snakeshard.train.loop import config_diff
+    from snakeshard.workflow.parse import Workflow, validate_config
+
+    wd = make_project(tmp_path / "p")
+    monkeypatch.chdir(wd)
+    monkeypatch.syspath_prepend(str(wd))
+
+    def parsed_spec() -> dict:  # what the parse writes to train.json
+        config = read_config(wd)
+        validate_config(config)
+        return json.loads(Path(Workflow(config).trainings["train"]["spec"]).read_text())
+
+    def changed(before: dict, after: dict) -> list[str]:
+        return config_diff(result_inputs(before), result_inputs(after))
+
+    first = parsed_spec()
+    assert set(first["sets"]) == {"feats_train", "feats_valid"} and set(first["code"]) == {"runner", "provider"}
+
+    set_training(wd, lr=0.02)
+    second = parsed_spec()
+    assert changed(first, second) == ["provider_config.lr: 0.01 -> 0.02"]
+    assert second["fingerprint"] != first["fingerprint"]
+
+    with open(wd / "tones.py", "a") as f:
+        f.write("\n\ndef helper():\n    return 1\n")
+    third = parsed_spec()
+    assert [line.split(":")[0] for line in changed(second, third)] == [
+        "code.provider (its source code)", "code.runner (its source code)"]
+
+    wav = next((wd / "data/wav").glob("train-*.wav"))
+    wav.write_bytes(wav.read_bytes()[:-2] + b"\x01\x00")  # one sample of one training recording
+    os.utime(wav, ns=(time.time_ns(), time.time_ns() + 10**9))
+    fourth = parsed_spec()
+    # that set, and what is made from its upstream merge: the stats, and the train split's upstream digest
+    assert [line.split(":")[0] for line in changed(third, fourth)] == [
+        "sets.feats_train (that set's keys, records, audio or upstream merge)", "stats.inputs",
+        "train.upstream_inputs"]
+    assert fourth["fingerprint"] != third["fingerprint"]
 
 
 def error_line(result: subprocess.CompletedProcess) -> str:

@@ -144,6 +144,13 @@ def inputs_digest(shard_fps: list[str]) -> str:
     return digest(":".join(shard_fps))
 
 
+def set_data_digest(shard_inputs: list[dict]) -> str:
+    """What a set's shards read, less the stage (its config and code): each shard's keys, records, audio and
+    upstream digests, in plan order. A training stage's spec holds it per set, beside its config and code, so that
+    a refused resume says whether the data changed."""
+    return digest(":".join(f"{s['keys']}:{s['records']}:{s['audio']}:{s['upstream']}" for s in shard_inputs))
+
+
 def result_inputs(spec: dict) -> dict:
     """What a training stage's result depends on besides the loop config, from its spec (train.json): the spec
     less loop, fingerprint and fingerprint_ignore, with provider_config less its fingerprint_ignore keys. The

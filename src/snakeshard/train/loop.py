@@ -159,8 +159,10 @@ def _differences(a: dict, b: dict, prefix: str = ""):
 
 
 def _diff_name(key: str) -> str:
-    if key.startswith("sets."):  # a digest: say what it covers (a user trial read it as "the data changed")
-        return f"{key} (that set's keys, records, audio, upstream merge, runner and provider code, provider_config)"
+    if key.startswith("sets."):  # a digest: say what it covers
+        return f"{key} (that set's keys, records, audio or upstream merge)"
+    if key.startswith("code."):
+        return f"{key} (its source code)"
     return DIFF_NAMES.get(key, key)
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from snakeshard.core.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
 from snakeshard.core.devices import requested_gpus
-from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, inputs_digest, keys_text,
-                                         records_digest, shard_fingerprint, shard_inputs_text, stage_fingerprint,
-                                         training_fingerprint)
+from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, file_identity, inputs_digest, keys_text,
+                                         model_files_in, records_digest, set_data_digest, shard_fingerprint,
+                                         shard_inputs_text, stage_fingerprint, training_fingerprint)
 from snakeshard.core.plan import (AUTO, DEFAULT_SHARDING, ensure_plan, overlapping_shards, read_audio_files,
                                   shards_per_job)
 from snakeshard.core.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys, shard_job_files
@@ -444,6 +444,8 @@ class Workflow:
         self.stage_fps: dict[tuple[str, str], str] = {}
         self.shard_inputs: dict[tuple[str, str], list[dict]] = {}
         self.inputs: dict[tuple[str, str], str] = {}
+        self.data_digests: dict[tuple[str, str], str] = {}  # set -> what its shards read, less the stage (training)
+        self.code: dict[str, dict | None] = {}  # stage -> its runner and provider source digests (None: not counted)
         self.canaries: dict[str, dict] = {}
         self.specs: dict[tuple[str, str], dict] = {}
         self.trainings: dict[str, dict] = {}  # training stage -> what its rule and the stages using its model need
@@ -527,6 +529,7 @@ class Workflow:
         code = None
         if options["code"]:
             code = {role: source_digest(spec[role], f"stages.{stage}.{role}") for role in ("runner", "provider")}
+        self.code[stage] = code
         fp = stage_fingerprint(spec, __version__, code, from_model=tuple(model_config_keys(self.config, stage)))
         audio = self._audio_digests(base, plan, options, stat_cache, reuse_audio_identity)
         upstream = self._upstream_digests(stage, ds) if up else [""] * plan["num_shards"]
@@ -540,6 +543,7 @@ class Workflow:
         self.stage_fps[stage, ds] = fp
         self.shard_inputs[stage, ds] = inputs
         self.inputs[stage, ds] = inputs_digest([entry["fingerprint"] for entry in inputs])
+        self.data_digests[stage, ds] = set_data_digest(inputs)
         record = {"stage": fp, "inputs": self.inputs[stage, ds], "shards": inputs}
         write_if_changed(Path(base) / FINGERPRINTS_FILE, json.dumps(record, indent=0) + "\n")
 
@@ -585,8 +589,9 @@ class Workflow:
 
     def _prepare_training(self, stage: str) -> None:
         """A training stage's spec (``train.json`` in its train set's dir, what its job reads) and fingerprint: its
-        sets' inputs (keys, records, audio, upstream merges, code, provider config), its stats' merged output and
-        every training key but ``checkpoint`` (which changes no result)."""
+        sets' data (keys, records, audio, upstream merges), its runner's and provider's code, the model files its
+        provider config names, its stats' merged output and every training key but ``checkpoint`` (which changes no
+        result). Each is its own entry, so that a refused resume names the one that changed."""
         s = self.config["stages"][stage]
         out = set_dir(self.config, stage, s["train"])
         stats = s.get("stats")
@@ -594,15 +599,19 @@ class Workflow:
         if stats:
             key = stats["from_stage"], stats["dataset"]
             stats_ref = {"path": set_dir(self.config, *key), "inputs": self.inputs[key]}
-        spec = {"stage": stage, "runner": s["runner"], "provider": s["provider"],
-                "provider_config": s.get("provider_config") or {}, "fingerprint_ignore": s.get("fingerprint_ignore") or [],
+        provider_config = s.get("provider_config") or {}
+        ignored = set(s.get("fingerprint_ignore") or ())
+        spec = {"stage": stage, "runner": s["runner"], "provider": s["provider"], "code": self.code[stage],
+                "model_files": [file_identity(path) for path in
+                                model_files_in({k: v for k, v in provider_config.items() if k not in ignored})],
+                "provider_config": provider_config, "fingerprint_ignore": s.get("fingerprint_ignore") or [],
                 "train": self.specs[stage, s["train"]]["dataset"],
                 "valid": self.specs[stage, s["valid"]]["dataset"] if "valid" in s else None,
                 "stats": stats_ref, "labels": s.get("labels") or [], "loop": loop_config(s),
                 "batch_size": s.get("batch_size"), "batch_seconds": s.get("batch_seconds"),
                 "sort_by_length": bool(s.get("sort_by_length")), "gpus": requested_gpus(s.get("resources") or {}),
-                # each set's inputs digest: its keys, records, audio, upstream merge, code and provider config
-                "sets": {ds: self.inputs[stage, ds] for ds in s["datasets"]}}
+                # each set's data: its keys, records, audio and upstream merge (the stage's config and code above)
+                "sets": {ds: self.data_digests[stage, ds] for ds in s["datasets"]}}
         spec["fingerprint"] = training_fingerprint(spec, __version__)
         write_if_changed(Path(out) / TRAIN_SPEC, json.dumps(spec, indent=1, sort_keys=True) + "\n")
         upstream = [f"{set_dir(self.config, *self.upstream[stage, ds])}/merged.json"
