@@ -282,6 +282,20 @@ def test_editing_forward_reruns_the_stage_a_comment_does_not_and_code_false_opts
     assert rerun(project) == set()
 
 
+def test_wer_refuses_a_merge_whose_audio_changed_after_the_run(project):
+    """One recording rewritten after the run, no snakemake since: `snakeshard wer` refuses the merge as stale, as
+    `snakeshard status` calls it (it scored it from the last parse's fingerprints.json: a user trial)."""
+    (project / "ref.txt").write_text("".join(f"{k} x\n" for k in KEYS))
+    assert run_cli(project, "wer", "--hyp", f"{SET}/ref", "--ref", "ref.txt").returncode == 0
+    write_wav(project / "data/six/wav/k3.wav", seed=33)
+    wer = run_cli(project, "wer", "--hyp", f"{SET}/ref", "--ref", "ref.txt")
+    assert wer.returncode == 1 and "WER" not in wer.stdout
+    assert f"{SET}: the merged output is stale" in wer.stderr and "Traceback" not in wer.stderr
+    assert "merged: stale" in status(project)
+    assert rerun(project) == {3}
+    assert run_cli(project, "wer", "--hyp", f"{SET}/ref", "--ref", "ref.txt").returncode == 0
+
+
 def test_failed_rerun_leaves_merged_output_stale_and_refused(project):
     """A data change whose rerun fails in one shard: the old merged files stay on disk, but status says
     `merged: stale`, require_current refuses them, and `snakeshard wer` refuses to score them."""

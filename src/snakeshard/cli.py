@@ -21,10 +21,10 @@ from snakeshard.workflow.job import (CANARY, canary_log_head, cmd_run_shard, cmd
 __all__ = ["build_parser", "main"]  # main: the `snakeshard` script (pyproject.toml)
 
 
-def _workflow(args):
+def _workflow(config_path: str):
     from snakeshard.workflow.parse import Workflow, load_config, validate_config, without_project_keys
 
-    config = without_project_keys(load_config(args.config), args.config)
+    config = without_project_keys(load_config(config_path), config_path)
     validate_config(config)
     return Workflow(config)
 
@@ -222,7 +222,7 @@ def cmd_status(args) -> int:
     from snakeshard.train.stage import training_state
     from snakeshard.workflow.parse import stage_sets
 
-    wf = _workflow(args)
+    wf = _workflow(args.config)
     trainings = {stage: training_state(training) for stage, training in wf.trainings.items()}
     remade: dict = {}
     counts: dict[str, int] = {}
@@ -264,6 +264,18 @@ def cmd_status(args) -> int:
     return 0
 
 
+def current_inputs(config_path: str, set_dir: Path) -> str | None:
+    """The inputs digest ``set_dir`` has under the project config at ``config_path`` now, from a parse as `status`
+    makes (the data may have changed since the last one wrote fingerprints.json); None outside such a project."""
+    from snakeshard.workflow.parse import set_dir as set_dir_of
+
+    if not Path(config_path).is_file():
+        return None
+    wf = _workflow(config_path)
+    return next((inputs for (stage, ds), inputs in wf.inputs.items()
+                 if Path(set_dir_of(wf.config, stage, ds)).resolve() == set_dir.resolve()), None)
+
+
 def cmd_wer(args) -> int:
     from snakeshard.core.merge import require_current
     from snakeshard.stages.wer import word_error_rate
@@ -272,7 +284,7 @@ def cmd_wer(args) -> int:
     set_dir = Path(args.hyp).parent
     fingerprints = read_fingerprints(set_dir)
     if fingerprints is not None:  # a snakeshard set: read only a current merge (not one a failed rerun left)
-        require_current(set_dir, fingerprints["inputs"])
+        require_current(set_dir, current_inputs(args.config, set_dir) or fingerprints["inputs"])
     normalize = [n for n in (args.normalize or "").split(",") if n]
     text = f"{word_error_rate(args.ref, args.hyp, normalize).summary()} hyp={args.hyp} ref={args.ref}"
     print(text)
@@ -418,6 +430,7 @@ def build_parser():
     sp.add_argument("--normalize", help="jiwer transforms for both sides, comma-separated (e.g. lowercase,"
                                         "remove_punctuation); default: none, the text as written")
     sp.add_argument("--out", help="also write the printed line to this file (default: print only)")
+    with_config(sp)  # the project whose set --hyp is: its merge must be current under the data and config as they are
     sp.set_defaults(func=cmd_wer)
 
     sp = sub.add_parser("config-reference", help="print every config key with its type, default and meaning, as "
