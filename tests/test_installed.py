@@ -110,13 +110,15 @@ def test_kill9_of_one_shard_then_rerun_from_the_project(quick_start):
 
 
 def test_a_rule_of_the_users_own_reads_a_merged_output(quick_start):
-    """The commented example at the end of the generated Snakefile, uncommented, runs after the module's rules."""
+    """The commented example at the end of the generated Snakefile, uncommented, runs after the module's rules, in a
+    plain run too: its `everything` rule is the default target (without it, a user trial's rule never ran)."""
     project = quick_start["project"]
     snakefile = (project / "Snakefile").read_text()
     example = snakefile[snakefile.index("# rule loudest:"):]
     (project / "Snakefile").write_text(snakefile + "\n" + "\n".join(line[2:] for line in example.splitlines()) + "\n")
-    run = venv_run(quick_start, "snakemake", "--profile", "profiles/local", "results/loudest.txt")
+    run = venv_run(quick_start, "snakemake", "--profile", "profiles/local")
     assert run.returncode == 0, run.stderr[-3000:]
+    assert "rule loudest:" in run.stdout + run.stderr
     energy = dict(line.split() for line in (project / "results/energy/demo/energy_db").read_text().splitlines())
     loudest = sorted(energy.items(), key=lambda kv: -float(kv[1]))[:3]
     assert (project / "results/loudest.txt").read_text() == "".join(f"{k} {v}\n" for k, v in loudest)
