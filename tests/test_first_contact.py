@@ -13,6 +13,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -176,6 +177,47 @@ def test_lock_of_a_killed_driver_is_named_with_the_command_that_clears_it(toy_wo
     assert LOCK_NOTE not in rerun.stderr
     assert (toy_workdir / TOY / "merged.json").is_file()
     wait_for(lambda: not any(shard_process(toy_workdir, n) for n in range(4)), 60, "orphaned shards to end")
+
+
+def test_ctrl_c_of_a_run_is_named_by_status_and_the_next_run_finishes_it(toy_workdir):
+    """Ctrl-C in the terminal (SIGINT to the driver and its jobs, one process group): the interrupted shards are
+    `incomplete ... interrupted (SIGINT, Ctrl-C)` in `snakeshard status` (was "running now, or killed", while their
+    logs said interrupted: a user trial), no lock is left, and the next run finishes what was not done."""
+    set_stage(toy_workdir, provider_config={"item_delay": 0.6})
+    driver = subprocess.Popen([sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2"],
+                              cwd=toy_workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        wait_for(lambda: shard_process(toy_workdir, 0), 60, "shard 0 to start")
+        time.sleep(1)  # a few of its items done
+        assert driver.poll() is None, "the driver finished before Ctrl-C: give the stage more work"
+        os.killpg(driver.pid, signal.SIGINT)
+        driver.wait(timeout=120)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert driver.returncode != 0
+    status = run_cli(toy_workdir, "status").stdout
+    assert re.search(r"split\.0\s+incomplete\s+10 items\s+interrupted \(SIGINT, Ctrl-C\): the next run runs it again",
+                     status), status
+    assert not list((toy_workdir / ".snakemake/locks").glob("*"))
+    rerun = run_snakemake(toy_workdir)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "summary: 4 done" in run_cli(toy_workdir, "status").stdout
+
+
+def test_a_misspelt_fingerprint_ignore_key_is_noted_once_by_the_driver(toy_workdir):
+    """A fingerprint_ignore key absent from provider_config next to one close to it (a user trial's `fail_key` for
+    `fail_keys`): one note, since the key meant still reruns every shard; an absent key with nothing close: none."""
+    set_stage(toy_workdir, provider_config={"fail_on_keys": []}, fingerprint_ignore=["fail_on_key"])
+    dry = run_snakemake(toy_workdir, "-n")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert dry.stderr.count("snakeshard: note: stages.upper.fingerprint_ignore: 'fail_on_key' is not in its "
+                            "provider_config, which has 'fail_on_keys': a change of 'fail_on_keys' still reruns every "
+                            "shard") == 1
+    set_stage(toy_workdir, provider_config={}, fingerprint_ignore=["fail_on_keys"])
+    dry = run_snakemake(toy_workdir, "-n")
+    assert dry.returncode == 0 and "fingerprint_ignore" not in dry.stderr
 
 
 def test_lock_note_names_the_runs_profile_and_says_nothing_beside_a_live_snakemake(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""``snakeshard`` command line: init, plan, run-shard, train, merge, report, status, wer, config-reference.
+"""``snakeshard`` command line: init, plan, status, wer, run-shard(s), train, merge, report, config-reference.
 
 The Snakefile's rules call ``python -m snakeshard run-shard/train/merge``; people call
 ``snakeshard plan`` and ``snakeshard status``. Errors on bad input print one
@@ -151,6 +151,8 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple
     if any(line.startswith(ERROR_PREFIX) for line in tail) or any("Error" in line for line in tail[-1:]):
         return "failed", "\n".join("      | " + line for line in tail)
     if (shard_dir / ".attempt").exists():
+        if any(": interrupted (SIGINT)" in line for line in tail):  # the job's own line (workflow.job) on Ctrl-C
+            return "incomplete", "interrupted (SIGINT, Ctrl-C): the next run runs it again"
         return "incomplete", ("started, no done: running now, or killed (if its log has no error, the "
                               "cause may be in snakemake's own output)")
     return "pending", ""
@@ -248,7 +250,8 @@ def cmd_status(args) -> int:
                 redo = f"snakemake {output}" if output.endswith(f"split.{n}/done") else f"snakemake --force {output}"
                 state, detail = "removed", f"done deleted after the merge; `{redo}` redoes it"
             counts[state] = counts.get(state, 0) + 1
-            print(f"  split.{n:<5} {state:<10} {shard['items']:>7} items  {detail if state != 'failed' else ''}".rstrip())
+            items = f"{shard['items']:>7} item{'s' if shard['items'] != 1 else ' '}"
+            print(f"  split.{n:<5} {state:<10} {items}  {detail if state != 'failed' else ''}".rstrip())
             if state == "failed":
                 print(f"      log {log}:\n{detail}")
         merge_log = base / MERGE_LOG

@@ -11,8 +11,8 @@ if os.getcwd() not in sys.path:
 
 from snakeshard.core.user_source import runner_reports
 from snakeshard.workflow import snakemake_patches
-from snakeshard.workflow.parse import (SLURM_PASSTHROUGH, Workflow, exit_on_user_error, shard_stages, stage_resources,
-                                       stage_sets, stale_lock_note, validate_config)
+from snakeshard.workflow.parse import (SLURM_PASSTHROUGH, Workflow, exit_on_user_error, ignored_key_notes, shard_stages,
+                                       stage_resources, stage_sets, stale_lock_note, validate_config)
 
 # Three costs of Snakemake 9's driver: a scheduler wake-up per second per finished job, a pandas import
 # when the first job ends, which holds up the next, and every ready job's inputs stat'ed again before
@@ -33,6 +33,11 @@ with exit_on_user_error():
     SHARD_RESOURCES = {stage: stage_resources(config, stage) for stage in config["stages"]}
     # Files a stage's runner draws after its merge for `snakemake --report` (ScoringRunner: metrics.png).
     REPORTS = {stage: runner_reports(config["stages"][stage]["runner"], f"stages.{stage}") for stage in SHARD_STAGES}
+
+# A fingerprint_ignore key that looks misspelt: said once, by the driver (not in every SLURM job's log).
+if workflow.is_main_process:
+    for _note in ignored_key_notes(config):
+        print(_note, file=sys.stderr, flush=True)
 
 # A merged file deleted after its merge (merged.json still listing it): forget that merge, so that this run merges
 # the set again from its shards rather than calling it up to date and failing later in the stage that reads it.

@@ -268,6 +268,24 @@ def pool_spec(stage: dict) -> dict | None:
             "worker_init_timeout": stage.get("worker_init_timeout")}
 
 
+def ignored_key_notes(config: dict) -> list[str]:
+    """A line for each ``fingerprint_ignore`` key that is not in its stage's provider_config while a key close to it
+    is: a misspelt name, under which the key meant still reruns every shard when it changes (a user trial). Not an
+    error: a key ignored while absent is usual (a debugging option, set now and then)."""
+    import difflib
+
+    notes = []
+    for name, stage in config["stages"].items():
+        keys = list(stage.get("provider_config") or {})
+        for key in stage.get("fingerprint_ignore") or ():
+            close = difflib.get_close_matches(key, keys, n=1) if key not in keys else []
+            if close:
+                notes.append(f"snakeshard: note: stages.{name}.fingerprint_ignore: {key!r} is not in its "
+                             f"provider_config, which has {close[0]!r}: a change of {close[0]!r} still reruns every "
+                             "shard")
+    return notes
+
+
 def stale_lock_note(directory: str, argv: list[str], pid: int) -> str | None:
     """What to say at parse when Snakemake's lock files are in ``directory``/.snakemake/locks and no other snakemake
     process runs in ``directory`` on this machine (the pid ``pid`` and its parents aside): the lock is most likely
