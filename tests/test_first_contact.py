@@ -553,6 +553,18 @@ def test_init_notes_relative_audio_paths_the_project_cannot_see(tmp_path):
     assert plan.returncode == 1 and "2 audio file(s) not found: key 'a1': corpus/wav/a1.wav" in plan.stderr
     assert f"relative audio paths are taken from the working directory {tmp_path / 'proj'}" in plan.stderr
 
+    # the same for a JSON Lines manifest's `audio` (a user trial: no note, then the parse's error)
+    (tmp_path / "corpus/set.jsonl").write_text('{"key": "a1", "audio": "corpus/wav/a1.wav"}\n')
+    init = subprocess.run([CONSOLE_SCRIPT, "init", "jproj", "--data", "corpus/set.jsonl"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert init.returncode == 0 and init.stderr == (
+        "note: corpus/set.jsonl lists relative audio paths (corpus/wav/a1.wav, ...), and snakemake reads them from "
+        "jproj, where corpus/wav/a1.wav does not exist: make them absolute, or relative to jproj\n")
+    (tmp_path / "corpus/abs.jsonl").write_text(f'{{"key": "a1", "audio": "{tmp_path}/corpus/wav/a1.wav"}}\n')
+    init = subprocess.run([CONSOLE_SCRIPT, "init", "aproj", "--data", "corpus/abs.jsonl"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert init.returncode == 0 and init.stderr == ""
+
 
 # -- `snakeshard plan --stage` with a stage the config does not run as shards --
 

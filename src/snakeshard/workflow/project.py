@@ -8,6 +8,7 @@ it copies the demo speech that ships with snakeshard into ``data/demo``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -58,22 +59,33 @@ def init_project(directory: str | os.PathLike, data: str | None = None) -> list[
 
 
 def relative_audio_note(data: str | os.PathLike, directory: str | os.PathLike) -> str | None:
-    """A note for ``init --data``: the Kaldi dir's wav.scp lists a relative audio path (its first plain one is
-    looked at) that does not exist from the project ``directory``, where snakemake runs and reads it (as Kaldi
-    does, relative paths are taken from the working directory, not from the wav.scp's)."""
-    wav_scp = Path(data) / "wav.scp"
-    if not wav_scp.is_file():
+    """A note for ``init --data``: the Kaldi dir's wav.scp or the JSON Lines manifest lists a relative audio path
+    (its first plain one is looked at) that does not exist from the project ``directory``, where snakemake runs and
+    reads it (as Kaldi does, relative paths are taken from the working directory, not from the list's)."""
+    listing = Path(data) / "wav.scp" if Path(data).is_dir() else Path(data)
+    audio = _first_audio_path(listing)
+    if audio is None or os.path.isabs(audio) or (Path(directory) / audio).exists():
         return None
-    with open(wav_scp, encoding="utf-8", errors="replace") as f:
+    return (f"note: {listing} lists relative audio paths ({audio}, ...), and snakemake reads them from "
+            f"{directory}, where {audio} does not exist: make them absolute, or relative to {directory}")
+
+
+def _first_audio_path(listing: Path) -> str | None:
+    """The first audio path a wav.scp or a .jsonl manifest (its ``audio`` field) lists that is not a pipe."""
+    if not listing.is_file():
+        return None
+    with open(listing, encoding="utf-8", errors="replace") as f:
         for line in f:
-            parts = line.split(maxsplit=1)
-            audio = parts[1].strip() if len(parts) == 2 else ""
-            if not audio or is_pipe(audio):  # a pipe reads what its command reads
-                continue
-            if os.path.isabs(audio) or (Path(directory) / audio).exists():
-                return None
-            return (f"note: {wav_scp} lists relative audio paths ({audio}, ...), and snakemake reads them from "
-                    f"{directory}, where {audio} does not exist: make them absolute, or relative to {directory}")
+            if listing.suffix == ".jsonl":
+                try:
+                    audio = json.loads(line).get("audio") or ""
+                except (ValueError, AttributeError):  # a bad line: the parse names it
+                    continue
+            else:
+                parts = line.split(maxsplit=1)
+                audio = parts[1].strip() if len(parts) == 2 else ""
+            if isinstance(audio, str) and audio and not is_pipe(audio):  # a pipe reads what its command reads
+                return audio
     return None
 
 
