@@ -57,7 +57,7 @@ def test_zero_byte_done_is_a_named_state_and_the_documented_command_recovers(tmp
     done.write_bytes(b"")
     command = "snakemake --profile <your profile> --forcerun results/energy/six/split.3/done"
     out = run_cli(wd, "status").stdout
-    assert ("split.3     unreadable       1 items  results/energy/six/split.3/done is empty (0 bytes): a write cut "
+    assert ("split.3     unreadable       1 item   results/energy/six/split.3/done is empty (0 bytes): a write cut "
             "short by a crash or power loss. Rerun the shard: " + command) in out
     assert "summary: 5 done, 1 unreadable" in out
 
