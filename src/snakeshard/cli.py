@@ -15,8 +15,8 @@ from pathlib import Path
 
 from snakeshard.core.shard_files import MERGE_LOG, read_spec
 from snakeshard.errors import ERROR_PREFIX, naming_stage
-from snakeshard.workflow.job import (CANARY, canary_log_head, cmd_run_shard, cmd_run_shards, import_runner,
-                                     parse_job_args, run_command, shard_id, shard_range)
+from snakeshard.workflow.job import (CANARY, INTERRUPTED, canary_log_head, cmd_run_shard, cmd_run_shards,
+                                     import_runner, parse_job_args, run_command, shard_id, shard_range)
 
 __all__ = ["build_parser", "main"]  # main: the `snakeshard` script (pyproject.toml)
 
@@ -151,7 +151,7 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple
     if any(line.startswith(ERROR_PREFIX) for line in tail) or any("Error" in line for line in tail[-1:]):
         return "failed", "\n".join("      | " + line for line in tail)
     if (shard_dir / ".attempt").exists():
-        if any(": interrupted (SIGINT)" in line for line in tail):  # the job's own line (workflow.job) on Ctrl-C
+        if any(f": {INTERRUPTED};" in line for line in tail):  # the job's own line on Ctrl-C (workflow.job)
             return "incomplete", "interrupted (SIGINT, Ctrl-C): the next run runs it again"
         return "incomplete", ("started, no done: running now, or killed (if its log has no error, the "
                               "cause may be in snakemake's own output)")

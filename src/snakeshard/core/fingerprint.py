@@ -58,6 +58,12 @@ def model_files_in(provider_config) -> list[str]:
     return sorted(set(found))
 
 
+def model_identities(provider_config: dict) -> list[list]:
+    """The identity of each file ``provider_config`` names (``model_files_in``): what the stage and training
+    fingerprints hold of model files, so that a new checkpoint under the same path reruns what used it."""
+    return [file_identity(path) for path in model_files_in(provider_config)]
+
+
 def file_identity(path: str) -> list:
     # size + mtime, not a content hash: this runs at every Snakefile parse, and
     # hashing multi-GB checkpoints there would cost minutes.
@@ -85,7 +91,7 @@ def stage_fingerprint(spec: dict, version: str, code: dict | None = None, from_m
         "dataset": {k: v for k, v in (spec.get("dataset") or {}).items() if k not in UPSTREAM_PLAN},
         "allow_nonfinite": spec.get("allow_nonfinite") or [],
         "snakeshard": version,
-        "model_files": [file_identity(p) for p in model_files_in(provider_config)],
+        "model_files": model_identities(provider_config),
     }
     if code is not None:
         payload["code"] = code

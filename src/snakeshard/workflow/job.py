@@ -16,6 +16,7 @@ from snakeshard.core.shard_files import CANARY_SPEC, SHARD_ITEMS, read_spec
 from snakeshard.errors import ERROR_PREFIX, ShardError, SnakeshardError, in_stage, naming_stage
 
 CANARY = "canary"  # the --shard of a stage's canary job
+INTERRUPTED = "interrupted (SIGINT)"  # a job's line on Ctrl-C, after the command: `snakeshard status` looks for it
 
 
 def check_spec_current(spec: dict, path: str, stage_fingerprint: str) -> None:
@@ -324,7 +325,7 @@ def run_command(args) -> int:
         _report(ERROR_PREFIX + str(e), e.__cause__, console)
         return 1
     except KeyboardInterrupt:  # Ctrl-C outside a training loop (which checkpoints on it): one line, no traceback
-        _report(f"snakeshard: {args.command}: interrupted (SIGINT); rerun to go on", None, console)
+        _report(f"snakeshard: {args.command}: {INTERRUPTED}; rerun to go on", None, console)
         return 128 + 2
     except OSError as e:  # outside the user's code: a full disk, a read-only or vanished directory
         where = f" ({args.shard_dir})" if getattr(args, "shard_dir", None) else ""

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from snakeshard.core.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
 from snakeshard.core.devices import requested_gpus
-from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, file_identity, inputs_digest, keys_text,
-                                         model_files_in, records_digest, set_data_digest, shard_fingerprint,
-                                         shard_inputs_text, stage_fingerprint, training_fingerprint)
+from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, inputs_digest, keys_text, model_identities,
+                                         records_digest, set_data_digest, shard_fingerprint, shard_inputs_text,
+                                         stage_fingerprint, training_fingerprint)
 from snakeshard.core.plan import (AUTO, DEFAULT_SHARDING, ensure_plan, overlapping_shards, read_audio_files,
                                   shards_per_job)
 from snakeshard.core.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys, shard_job_files
@@ -620,8 +620,7 @@ class Workflow:
         provider_config = s.get("provider_config") or {}
         ignored = set(s.get("fingerprint_ignore") or ())
         spec = {"stage": stage, "runner": s["runner"], "provider": s["provider"], "code": self.code[stage],
-                "model_files": [file_identity(path) for path in
-                                model_files_in({k: v for k, v in provider_config.items() if k not in ignored})],
+                "model_files": model_identities({k: v for k, v in provider_config.items() if k not in ignored}),
                 "provider_config": provider_config, "fingerprint_ignore": s.get("fingerprint_ignore") or [],
                 "train": self.specs[stage, s["train"]]["dataset"],
                 "valid": self.specs[stage, s["valid"]]["dataset"] if "valid" in s else None,
