@@ -33,15 +33,24 @@ class TonesProvider(TrainProvider):
         bins = int(self.config.get("num_mel_bins", 20))
         hidden = int(self.config.get("hidden", 32))
         model = torch.nn.Sequential(torch.nn.Linear(2 * bins, hidden), torch.nn.ReLU(), torch.nn.Dropout(0.2),
-                                    torch.nn.Linear(hidden, 4))
+                                    torch.nn.Linear(hidden, 4)).to(self.config["devices"][0])  # cuda:0 with gpu: 1
         optimizer = torch.optim.Adam(model.parameters(), lr=float(self.config.get("lr", 0.01)))
         return {"model": model, "optimizer": optimizer, "step_delay": float(self.config.get("step_delay", 0)),
                 "nan_on_key": self.config.get("nan_on_key"), "no_loss": bool(self.config.get("no_loss"))}
 
 
-def pooled(batch, dataset, normalize):
+def pooled(batch, dataset, normalize, model):
     feats = [normalize(dataset.load_array(k, "feats")) for k in batch]
-    return torch.tensor(np.stack([np.concatenate([f.mean(0), f.std(0)]) for f in feats]), dtype=torch.float32)
+    x = torch.tensor(np.stack([np.concatenate([f.mean(0), f.std(0)]) for f in feats]), dtype=torch.float32)
+    return x.to(device_of(model))
+
+
+def labels(batch, dataset, model):
+    return torch.tensor([int(dataset[k]["text"]) for k in batch], device=device_of(model))
+
+
+def device_of(model):
+    return next(model.parameters()).device
 
 
 class TonesRunner(TorchRunner):
@@ -49,9 +58,9 @@ class TonesRunner(TorchRunner):
     def train_step(batch, *, model, dataset, normalize, step_delay, nan_on_key, no_loss):
         if step_delay:
             time.sleep(step_delay)
-        x = pooled(batch, dataset, normalize)
-        x = x + 0.3 * torch.randn_like(x)  # augmentation: draws from torch's RNG
-        y = torch.tensor([int(dataset[k]["text"]) for k in batch])
+        x = pooled(batch, dataset, normalize, model)
+        x = x + 0.3 * torch.randn_like(x)  # augmentation: draws from torch's RNG (the GPU's, on a GPU)
+        y = labels(batch, dataset, model)
         logits = model(x)
         loss = torch.nn.functional.cross_entropy(logits, y)
         if nan_on_key in batch:
@@ -61,14 +70,14 @@ class TonesRunner(TorchRunner):
 
     @staticmethod
     def evaluate_step(batch, *, model, dataset, normalize):
-        x = pooled(batch, dataset, normalize)
-        y = torch.tensor([int(dataset[k]["text"]) for k in batch])
+        x = pooled(batch, dataset, normalize, model)
+        y = labels(batch, dataset, model)
         logits = model(x)
         return {"loss": torch.nn.functional.cross_entropy(logits, y), "acc": (logits.argmax(1) == y).float().mean()}
 
     @staticmethod
     def infer_step(batch, *, model, dataset, normalize):
-        predictions = model(pooled(batch, dataset, normalize)).argmax(1).tolist()
+        predictions = model(pooled(batch, dataset, normalize, model)).argmax(1).tolist()
         return {k: {"label": str(p)} for k, p in zip(batch, predictions)}
 '''
 

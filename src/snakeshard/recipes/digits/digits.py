@@ -26,7 +26,7 @@ class ConvClassifier(nn.Module):
 
     def forward(self, feats, lengths):
         h = self.convs(feats.transpose(1, 2))                      # (batch, channels, frames)
-        mask = (torch.arange(h.shape[2])[None, :] < lengths[:, None]).unsqueeze(1)
+        mask = (torch.arange(h.shape[2], device=h.device)[None, :] < lengths[:, None]).unsqueeze(1)
         mean = (h * mask).sum(2) / lengths[:, None]
         peak = h.masked_fill(~mask, float("-inf")).amax(2)
         return self.out(self.dropout(torch.cat([mean, peak], 1)))
@@ -40,41 +40,48 @@ class DigitsProvider(TrainProvider):
         torch.set_num_threads(int(c.get("threads", 1)))  # fixed, so results do not depend on the machine's cores
         torch.manual_seed(int(c.get("init_seed", 0)))     # the initial weights
         model = ConvClassifier(int(c.get("bins", 40)), int(c.get("channels", 64)), float(c.get("dropout", 0.2)))
+        model.to(c["devices"][0])  # "cpu", or "cuda:0" with resources: {gpu: 1}
         optimizer = torch.optim.AdamW(model.parameters(), lr=float(c.get("lr", 0.002)),
                                       weight_decay=float(c.get("weight_decay", 0.01)))
         return {"model": model, "optimizer": optimizer}
 
 
-def padded(batch, dataset, normalize):
-    """(feats: batch x frames x bins, lengths) of the batch's keys, zero-padded to the longest."""
+def padded(batch, dataset, normalize, model):
+    """(feats: batch x frames x bins, lengths) of the batch's keys, zero-padded to the longest, on the model's
+    device."""
     feats = [torch.from_numpy(np.ascontiguousarray(normalize(dataset.load_array(k, "feats")), dtype=np.float32))
              for k in batch]
     lengths = torch.tensor([len(f) for f in feats])
-    return nn.utils.rnn.pad_sequence(feats, batch_first=True), lengths
+    device = device_of(model)
+    return nn.utils.rnn.pad_sequence(feats, batch_first=True).to(device), lengths.to(device)
 
 
-def labels(batch, dataset):
-    return torch.tensor([int(dataset[k]["text"]) for k in batch])
+def labels(batch, dataset, model):
+    return torch.tensor([int(dataset[k]["text"]) for k in batch], device=device_of(model))
+
+
+def device_of(model):
+    return next(model.parameters()).device
 
 
 class DigitsRunner(TorchRunner):
     @staticmethod
     def train_step(batch, *, model, dataset, normalize):
-        feats, lengths = padded(batch, dataset, normalize)
-        y = labels(batch, dataset)
+        feats, lengths = padded(batch, dataset, normalize, model)
+        y = labels(batch, dataset, model)
         logits = model(feats, lengths)
         return {"loss": nn.functional.cross_entropy(logits, y), "acc": (logits.argmax(1) == y).float().mean()}
 
     @staticmethod
     def evaluate_step(batch, *, model, dataset, normalize):
-        feats, lengths = padded(batch, dataset, normalize)
-        y = labels(batch, dataset)
+        feats, lengths = padded(batch, dataset, normalize, model)
+        y = labels(batch, dataset, model)
         logits = model(feats, lengths)
         return {"loss": nn.functional.cross_entropy(logits, y), "acc": (logits.argmax(1) == y).float().mean()}
 
     @staticmethod
     def infer_step(batch, *, model, dataset, normalize):
         """The inference stage's forward: one predicted digit per key."""
-        feats, lengths = padded(batch, dataset, normalize)
+        feats, lengths = padded(batch, dataset, normalize, model)
         predicted = model(feats, lengths).argmax(1).tolist()
         return {k: {"label": str(p)} for k, p in zip(batch, predicted)}
