@@ -56,6 +56,34 @@ def test_truncated_wav_fails_its_key_naming_file_and_line(project):
     assert all((project / SET / f"split.{n}/done").is_file() for n in (0, 1, 3, 4, 5))
 
 
+def test_a_shard_with_several_bad_files_fails_once_naming_them_all(project):
+    """One shard of the six keys (num_shards: 1) with three bad files: the first one read (k1, truncated) fails
+    the shard, and the same line names the other two from their headers (k3 at 8 kHz, k4 empty), so one fix and
+    one rerun finish it. Before, each bad file took a run of its own: a shard of 1,000 keys with 20 bad files,
+    20 runs. A key whose audio reads is not named. (With a canary, it reads its own few keys first: a bad file
+    among them fails it alone, and the next run's shard names the rest.)"""
+    config = read_config(project)
+    config["canary"] = 0
+    config["stages"]["energy"]["sharding"] = {"num_shards": 1}
+    config["stages"]["energy"]["sample_rate"] = 16000
+    write_config(project, config)
+    wavs = project / "data/six/wav"
+    good = {k: (wavs / f"{k}.wav").read_bytes() for k in ("k1", "k3", "k4")}
+    (wavs / "k1.wav").write_bytes(good["k1"][: 44 + (len(good["k1"]) - 44) // 2])
+    data, _ = sf.read(wavs / "k3.wav", dtype="int16")
+    sf.write(wavs / "k3.wav", data[::2], 8000, subtype="PCM_16")
+    sf.write(wavs / "k4.wav", np.zeros(0, dtype="int16"), 16000, subtype="PCM_16")
+    line = fails_with(project, "shard 0", "key 'k1' (data/six/wav.scp:2)", "k1.wav is truncated",
+                      "; 2 other key(s) of this shard fail too, from their headers: ",
+                      "key 'k3' (data/six/wav.scp:4): data/six/wav/k3.wav is 8000 Hz, the stage expects 16000 Hz",
+                      "key 'k4' (data/six/wav.scp:5): data/six/wav/k4.wav holds no samples (0 frames)")
+    assert not any(f"'{k}'" in line for k in ("k0", "k2", "k5"))
+    assert not (project / SET / "split.0/done").exists()
+    for key, data in good.items():
+        (wavs / f"{key}.wav").write_bytes(data)
+    assert run_snakemake(project).returncode == 0
+
+
 def test_zero_sample_wav_is_refused(project):
     sf.write(project / "data/six/wav/k1.wav", np.zeros(0, dtype="int16"), 16000, subtype="PCM_16")
     fails_with(project, "shard 1", "key 'k1' (data/six/wav.scp:2)", "holds no samples (0 frames)")

@@ -22,6 +22,15 @@ class DataError(SnakeshardError):
     """The input data (wav.scp, jsonl, audio files) is invalid: names file and line."""
 
 
+class AudioError(DataError):
+    """One key's audio cannot be used as the stage needs it (unreadable, truncated, empty, another sample rate, a
+    segment past its end). ``key`` names it, so that a shard that fails on it can name its other keys that would."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
 class ContractError(SnakeshardError):
     """A runner or provider breaks the contract (env names, return values)."""
 

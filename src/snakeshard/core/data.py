@@ -24,7 +24,7 @@ import json
 import math
 import os
 
-from snakeshard.errors import DataError
+from snakeshard.errors import AudioError, DataError
 
 # pathlib where the planner uses it: a shard job's slice reader does without (5 ms of a one-key job's 29 ms CPU,
 # bench/RESULTS.md section 16). Type checkers read a module-level TYPE_CHECKING = False as typing's.
@@ -464,14 +464,35 @@ class KaldiDataset:
         """
         from snakeshard.io.audio import read_item_audio
 
+        item = self._audio_item(key)
+        return read_item_audio(item, dtype=dtype, **self._audio_checks())
+
+    def check_audio_headers(self, keys) -> tuple[list[AudioError], int]:
+        """(the error ``load_audio`` would raise for each of ``keys`` whose audio fails its checks, read from the
+        file's header alone; how many keys were not checked: Kaldi pipes, which are not run here)."""
+        from snakeshard.io.audio import check_item_audio_header
+
+        bad, unchecked = [], 0
+        for key in keys:
+            try:
+                unchecked += not check_item_audio_header(self._audio_item(key), **self._audio_checks())
+            except AudioError as e:
+                bad.append(e)
+        return bad, unchecked
+
+    def _audio_item(self, key: str) -> Item:
         item = self._item(key)
-        source = source_spec(self.spec)
         if item.audio is None:
+            source = source_spec(self.spec)
             field = (f"; datasets.{source['name']}.audio_field is {source.get('audio_field', 'audio')!r}"
                      if source.get("format") == "jsonl" and source.get("name") else "")
-            raise DataError(f"key {key!r} ({item.source}) has no audio{field}")
-        return read_item_audio(item, dtype=dtype, sample_rate=self.spec.get("sample_rate"),
-                               max_overshoot=float(source.get("max_segment_overshoot", 0.0)), dataset=source.get("name"))
+            raise AudioError(f"key {key!r} ({item.source}) has no audio{field}", key)
+        return item
+
+    def _audio_checks(self) -> dict:
+        source = source_spec(self.spec)
+        return {"sample_rate": self.spec.get("sample_rate"), "dataset": source.get("name"),
+                "max_overshoot": float(source.get("max_segment_overshoot", 0.0))}
 
     def load_mono_audio(self, key: str, dtype: str = "float32"):
         """``load_audio``, for a stage that reads one channel: a multi-channel recording is refused naming the
@@ -479,9 +500,9 @@ class KaldiDataset:
         samples, rate = self.load_audio(key, dtype=dtype)
         if samples.ndim != 1:
             item = self._item(key)
-            raise DataError(f"key {key!r} ({item.source}): {item.audio} has {samples.shape[1]} channels, and this "
-                            "stage reads one: downmix it (sox IN.wav -c 1 OUT.wav, or a wav.scp pipe "
-                            "'sox IN.wav -c 1 -t wav - |')")
+            raise AudioError(f"key {key!r} ({item.source}): {item.audio} has {samples.shape[1]} channels, and this "
+                             "stage reads one: downmix it (sox IN.wav -c 1 OUT.wav, or a wav.scp pipe "
+                             "'sox IN.wav -c 1 -t wav - |')", key)
         return samples, rate
 
 

@@ -21,7 +21,7 @@ from snakeshard.core.fingerprint import keys_digest as digest_keys
 from snakeshard.core.hooks import check_hook_env, injected_kwargs, overrides, runner_name
 from snakeshard.core.progress import ProgressLog
 from snakeshard.core.shard_files import KEYS_FILE, SHARD_ITEMS, read_keys_file
-from snakeshard.errors import ContractError, ShardError, SnakeshardError
+from snakeshard.errors import AudioError, ContractError, ShardError, SnakeshardError
 from snakeshard.io.atomic import atomic_write_json
 from snakeshard.io.writers import FieldWriters
 from snakeshard.version import __version__
@@ -273,7 +273,7 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
     except ShardError:
         raise
     except SnakeshardError as e:  # snakeshard's own message already names the item
-        raise ShardError(f"{where}: {e}") from None
+        raise ShardError(f"{where}: {e}{_other_bad_audio(e, env, keys)}") from None
     except Exception as e:  # the user's code: keep its traceback (printed to the log by the CLI)
         if isinstance(current, list):
             what = f"batch {current[0]!r}..{current[-1]!r} ({len(current)} keys)"
@@ -322,3 +322,19 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
     # rename and the directory after it, so after a power loss done is either absent or complete.
     atomic_write_json(os.path.join(shard_dir, "done"), done, fsync=True)
     return done
+
+
+def _other_bad_audio(error: SnakeshardError, env: dict, keys: list[str]) -> str:
+    """After one key's audio failed: the shard's other keys whose audio headers fail the same checks, named in
+    the same line, so that a shard of 1,000 keys with three bad files fails once rather than three runs in a row.
+    Headers only (no decoding, no pipes run), and only on failure."""
+    dataset = env.get("dataset")
+    if not isinstance(error, AudioError) or not hasattr(dataset, "check_audio_headers"):
+        return ""
+    bad, unchecked = dataset.check_audio_headers(k for k in keys if k != error.key)
+    if not bad:
+        return ""
+    shown = "; ".join(str(e) for e in bad[:MAX_LISTED])
+    more = f"; and {len(bad) - MAX_LISTED} more" if len(bad) > MAX_LISTED else ""
+    pipes = f" ({unchecked} Kaldi pipes not run)" if unchecked else ""
+    return f"; {len(bad)} other key(s) of this shard fail too, from their headers{pipes}: {shown}{more}"

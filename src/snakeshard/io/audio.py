@@ -13,7 +13,7 @@ import os
 import struct
 import subprocess
 
-from snakeshard.errors import DataError
+from snakeshard.errors import AudioError, DataError
 
 PIPE_STDERR_LINES = 5
 
@@ -91,36 +91,71 @@ def read_item_audio(item, *, dtype: str = "float32", sample_rate: int | None = N
     where = f"key {item.key!r} ({item.source})"
     if item.audio.endswith("|"):  # a Kaldi pipe (data.is_pipe): the command's stdout is the audio
         command = item.audio[:-1].strip()
-        data = _run_pipe(command, where)
         name = f"the output of {command!r}"
-        source = io.BytesIO(data)
-        _check_complete(source, len(data), where, name)
+        try:
+            data = _run_pipe(command, where)
+            source = io.BytesIO(data)
+            _check_complete(source, len(data), where, name)
+        except DataError as e:
+            raise AudioError(str(e), item.key) from None
         source.seek(0)
     else:
         name = source = item.audio
-        try:
-            with open(source, "rb") as f:
-                _check_complete(f, os.fstat(f.fileno()).st_size, where, name)
-        except OSError as e:
-            raise DataError(f"{where}: cannot read audio {name}: {e.strerror}") from None
+        _check_file_complete(item, where)
     try:
         samples, rate = soundfile.read(source, dtype=dtype)
     except Exception as e:
-        raise DataError(f"{where}: cannot read audio {name}: {e}") from None
+        raise AudioError(f"{where}: cannot read audio {name}: {e}", item.key) from None
+    _check_usable(item, where, name, rate, len(samples), sample_rate, max_overshoot, dataset)
+    if "start" in item.fields:
+        samples = samples[int(item.fields["start"] * rate): int(item.fields["end"] * rate)]
+    return samples, rate
+
+
+def check_item_audio_header(item, *, sample_rate: int | None = None, max_overshoot: float = 0.0,
+                            dataset: str | None = None) -> bool:
+    """Raise the AudioError ``read_item_audio`` would, from the file's header alone (no samples decoded); a pipe
+    is not run: False for one (not checked), True for a file that passed."""
+    import soundfile
+
+    if item.audio.endswith("|"):
+        return False
+    where = f"key {item.key!r} ({item.source})"
+    _check_file_complete(item, where)
+    try:
+        info = soundfile.info(item.audio)
+    except Exception as e:
+        raise AudioError(f"{where}: cannot read audio {item.audio}: {e}", item.key) from None
+    _check_usable(item, where, item.audio, info.samplerate, info.frames, sample_rate, max_overshoot, dataset)
+    return True
+
+
+def _check_file_complete(item, where: str) -> None:
+    try:
+        with open(item.audio, "rb") as f:
+            _check_complete(f, os.fstat(f.fileno()).st_size, where, item.audio)
+    except OSError as e:
+        raise AudioError(f"{where}: cannot read audio {item.audio}: {e.strerror}", item.key) from None
+    except DataError as e:
+        raise AudioError(str(e), item.key) from None
+
+
+def _check_usable(item, where: str, name: str, rate: int, frames: int, sample_rate: int | None,
+                  max_overshoot: float, dataset: str | None) -> None:
+    """The checks on a recording's rate and length (decoded or from its header), and on the item's segment."""
     if sample_rate and rate != sample_rate:
-        raise DataError(f"{where}: {name} is {rate} Hz, the stage expects {sample_rate} Hz (stages.<stage>.sample_rate); "
-                        f"resample the data (e.g. sox -D in.wav -r {sample_rate} out.wav) or change the stage")
-    if len(samples) == 0:
-        raise DataError(f"{where}: {name} holds no samples (0 frames)")
+        raise AudioError(f"{where}: {name} is {rate} Hz, the stage expects {sample_rate} Hz "
+                         f"(stages.<stage>.sample_rate); resample the data (e.g. sox -D in.wav -r {sample_rate} "
+                         "out.wav) or change the stage", item.key)
+    if frames == 0:
+        raise AudioError(f"{where}: {name} holds no samples (0 frames)", item.key)
     if "start" in item.fields:
         start, end = item.fields["start"], item.fields["end"]
-        length = len(samples) / rate
+        length = frames / rate
         if end > length + max_overshoot:
             allowed = f" by more than max_segment_overshoot={max_overshoot} s" if max_overshoot else ""
             setting = f"datasets.{dataset}.max_segment_overshoot" if dataset else "max_segment_overshoot in the dataset spec"
-            raise DataError(f"{where}: segment {start}-{end} s ends past the end of {name} ({length:.3f} s){allowed}; "
-                            f"fix the segment or set {setting} (Kaldi's extract-segments tolerates 0.5 s)")
-        samples = samples[int(start * rate): int(end * rate)]
-        if len(samples) == 0:
-            raise DataError(f"{where}: segment {start}-{end} s of {name} holds no samples at {rate} Hz")
-    return samples, rate
+            raise AudioError(f"{where}: segment {start}-{end} s ends past the end of {name} ({length:.3f} s){allowed}; "
+                             f"fix the segment or set {setting} (Kaldi's extract-segments tolerates 0.5 s)", item.key)
+        if min(int(end * rate), frames) <= int(start * rate):  # what the cut samples[start:end] would hold
+            raise AudioError(f"{where}: segment {start}-{end} s of {name} holds no samples at {rate} Hz", item.key)
