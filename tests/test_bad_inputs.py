@@ -59,6 +59,13 @@ def rename_stage(wd: Path, old: str, new: str) -> None:
     write_config(wd, config)
 
 
+def rename_stage_key(wd: Path, old: str, new: str) -> None:
+    config = read_config(wd)
+    stage = config["stages"]["upper"]
+    stage[new] = stage.pop(old)
+    write_config(wd, config)
+
+
 def set_top(wd: Path, **changes) -> None:
     config = read_config(wd)
     config.update(changes)
@@ -119,6 +126,16 @@ CONFIG_CASES = [
      ["stages.upper.retries", "less than the minimum of 0"]),
     ("unknown-resource", lambda wd: set_stage(wd, resources={"memory": 100}),
      ["stages.upper.resources", "'memory' was unexpected"]),
+    # a user trial: a misspelt provider: key printed the whole stage too, "... is not valid under any of the
+    # given schemas" (the stage is none of the kinds of stage); now the one line, with the key it is close to
+    ("misspelt-stage-key", lambda wd: rename_stage_key(wd, "provider", "provder"),
+     ["  stages.upper: Additional properties are not allowed ('provder' was unexpected); 'provder': did you mean "
+      "'provider'?\n"]),
+    ("misspelt-sharding-key", lambda wd: set_stage(wd, sharding={"shard_secs": 10}),
+     ["stages.upper.sharding: Additional properties are not allowed ('shard_secs' was unexpected); 'shard_secs': "
+      "did you mean 'shard_seconds'?"]),
+    ("stage-without-runner", lambda wd: rename_stage_key(wd, "runner", "model"),
+     ["  stages.upper: 'runner' is a required property\n"]),
 ]
 
 
@@ -128,6 +145,7 @@ def assert_dry_run_refuses(wd: Path, expected: list[str]) -> None:
     assert proc.returncode != 0
     for text in expected:
         assert text in output(proc), (text, output(proc)[-2000:])
+    assert "is not valid under any of the given schemas" not in output(proc)
     assert not (wd / "results").exists()
 
 

@@ -116,6 +116,32 @@ def without_project_keys(config: dict, path: str | os.PathLike) -> dict:
     return {key: value for key, value in config.items() if key in known}
 
 
+def schema_messages(errors: list) -> list[tuple]:
+    """(error, message) for the schema's errors as a user reads them: a misspelt key with the key it is close to;
+    a "not valid under any of the given schemas" (a stage that is none of the kinds of stage), which quotes the
+    whole stage, replaced by the error of the kind it comes closest to (jsonschema's best_match)."""
+    import difflib
+
+    from jsonschema.exceptions import best_match
+
+    out, seen = [], set()
+    for err in errors:
+        if err.validator in ("oneOf", "anyOf") and err.context:
+            err = best_match(err.context)
+        if (tuple(err.absolute_path), err.message) in seen:
+            continue
+        seen.add((tuple(err.absolute_path), err.message))
+        message = err.message
+        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+            known = list(err.schema.get("properties", {}))
+            for key in err.instance:
+                close = difflib.get_close_matches(str(key), known, n=1) if key not in known else []
+                if close:
+                    message += f"; {key!r}: did you mean {close[0]!r}?"
+        out.append((err, message))
+    return out
+
+
 def validate_config(config: dict, schema_path: str | os.PathLike | None = None) -> None:
     """Check ``config`` against the JSON schema and the cross-references the schema cannot express.
 
@@ -129,10 +155,8 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
-        lines = []
-        for err in errors[:MAX_LISTED]:
-            where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
-            lines.append(f"  {where}: {err.message}")
+        lines = [f"  {'.'.join(map(str, err.absolute_path)) or '(top level)'}: {message}"
+                 for err, message in schema_messages(errors)[:MAX_LISTED]]
         raise ConfigError("config does not match snakeshard's config schema (workflow/schemas/config.schema.yaml):\n"
                           + "\n".join(lines))
     check_output_dir(output_dir(config))
