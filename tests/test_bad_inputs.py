@@ -228,6 +228,22 @@ def test_bad_input_after_success_keeps_results(finished_toy, tmp_path, edit, exp
     assert snapshot(results) == before
 
 
+def test_a_key_set_twice_in_the_config_file_is_refused_naming_both_lines(toy):
+    """YAML keeps the last of two equal keys and drops the first without a word (Snakemake's loader too): a
+    user trial's second `sharding:` further down a stage replaced the first. The dry run and `snakeshard status`
+    refuse it, naming the file, both lines and the key's place; nothing is planned."""
+    path = toy / "config/config.yaml"
+    lines = path.read_text().splitlines(keepends=True)
+    at = lines.index("  upper:\n") + 1
+    lines[at:at] = ["    retries: 1\n", "    retries: 2\n"]
+    path.write_text("".join(lines))
+    message = (f"config/config.yaml:{at + 2}: stages.upper.retries is set twice (first at line {at + 1}); YAML keeps "
+               "the last one and drops the first without a word: remove one")
+    assert_dry_run_refuses(toy, [ERROR_PREFIX + message])
+    status = run_cli(toy, "status")
+    assert status.returncode != 0 and message in status.stderr, status.stderr
+
+
 def test_missing_runner_class_fails_at_parse_naming_class_and_key(toy):
     """runner 'toy.NoSuchRunner' (module exists, class does not): found by reading the module's source at parse, no job runs."""
     set_stage(toy, runner="toy.NoSuchRunner")

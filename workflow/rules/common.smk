@@ -11,8 +11,9 @@ if os.getcwd() not in sys.path:
 
 from snakeshard.core.user_source import runner_reports
 from snakeshard.workflow import snakemake_patches
-from snakeshard.workflow.parse import (SLURM_PASSTHROUGH, Workflow, exit_on_user_error, ignored_key_notes, shard_stages,
-                                       stage_resources, stage_sets, stale_lock_note, validate_config)
+from snakeshard.workflow.parse import (SLURM_PASSTHROUGH, Workflow, check_duplicate_keys, exit_on_user_error,
+                                       ignored_key_notes, shard_stages, stage_resources, stage_sets, stale_lock_note,
+                                       validate_config)
 
 # Three costs of Snakemake 9's driver: a scheduler wake-up per second per finished job, a pandas import
 # when the first job ends, which holds up the next, and every ready job's inputs stat'ed again before
@@ -23,6 +24,8 @@ snakemake_patches.apply(note=workflow.is_main_process)
 
 # A bad config or bad data: its one `snakeshard: error:` line, no traceback of snakeshard's code, exit 1.
 with exit_on_user_error():
+    if workflow.is_main_process:  # a key set twice in a config file: YAML drops the first silently
+        check_duplicate_keys(workflow.configfiles)
     # Found next to this file, so the workflow works as a module from any directory.
     validate_config(config, Path(str(workflow.current_basedir)).parent / "schemas" / "config.schema.yaml")
     # A job's own Snakemake (SLURM) takes the audio identity the main process computed, rather than

@@ -92,11 +92,43 @@ def load_config(path: str | os.PathLike) -> dict:
 
     try:
         with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f) or {}
+            config = yaml.safe_load(f) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file {path} not found") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    check_duplicate_keys([path])
+    return config
+
+
+def check_duplicate_keys(paths) -> None:
+    """Refuse a key written twice in one mapping of a config file, naming file, both lines and the key's place:
+    YAML loaders (Snakemake's too) keep the last one and drop the first without a word (a user trial: a second
+    ``sharding:`` further down a stage silently replaced the first)."""
+    import yaml
+
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                root = yaml.compose(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        except (OSError, yaml.YAMLError):  # Snakemake has loaded it already, and says what is wrong with it
+            continue
+        todo = [(root, "")]
+        while todo:
+            node, where = todo.pop()
+            if isinstance(node, yaml.SequenceNode):
+                todo.extend((item, f"{where}[{n}]") for n, item in enumerate(node.value))
+            if not isinstance(node, yaml.MappingNode):
+                continue
+            first: dict[str, int] = {}
+            for key, value in node.value:
+                name = f"{where}.{key.value}" if where else str(key.value)
+                line = key.start_mark.line + 1
+                if key.value in first and key.value != "<<":
+                    raise ConfigError(f"{path}:{line}: {name} is set twice (first at line {first[key.value]}); YAML "
+                                      "keeps the last one and drops the first without a word: remove one")
+                first.setdefault(key.value, line)
+                todo.append((value, name))
 
 
 def without_project_keys(config: dict, path: str | os.PathLike) -> dict:
