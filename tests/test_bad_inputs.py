@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (PROJECT, TOY_MODULE, WORKFLOW_PARTS, make_kaldi_dir, read_config, run_cli, run_snakemake,
-                      write_config)
+from conftest import (PROJECT, TOY_MODULE, WORKFLOW_PARTS, copy_workflow, make_kaldi_dir, read_config, run_cli,
+                      run_snakemake, write_config)
 
 ERROR_PREFIX = "snakeshard: error: "
 WAV = "data/demo/wav/cards-001.wav"
@@ -242,6 +242,28 @@ def test_a_key_set_twice_in_the_config_file_is_refused_naming_both_lines(toy):
     assert_dry_run_refuses(toy, [ERROR_PREFIX + message])
     status = run_cli(toy, "status")
     assert status.returncode != 0 and message in status.stderr, status.stderr
+
+
+def test_provider_config_keys_the_provider_does_not_take_are_refused_at_parse_all_at_once(toy, tmp_path):
+    """A provider that declares its keys (``config_keys``, a literal in its class body, as every built-in stage's
+    does): each key it does not take is named in one parse error, with the key it is close to. Before, the
+    built-in stages refused them in the canary job, one per run (a user trial: two typos, two runs)."""
+    wd = copy_workflow(tmp_path / "shipped")
+    config = read_config(wd)
+    config["stages"]["fbank"]["provider_config"] = {"num_mel_bin": 80, "dithr": 0.0, "colour": "blue"}
+    write_config(wd, config)
+    assert_dry_run_refuses(wd, [
+        ERROR_PREFIX + "stages.fbank.provider_config: 'num_mel_bin' (did you mean 'num_mel_bins'?), 'dithr' (did "
+        "you mean 'dither'?), 'colour' are not keys that snakeshard.stages.fbank.FbankProvider takes (num_mel_bins, "
+        "frame_length, frame_shift, dither, "])
+    # a provider of the user's own: the same check once it declares its keys; without, any key is passed on
+    (toy / "keyed.py").write_text("from toy import ToyProvider\n\n\nclass KeyedProvider(ToyProvider):\n"
+                                  "    config_keys = ('suffix', 'item_delay')\n")
+    set_stage(toy, provider="keyed.KeyedProvider", provider_config={"sufix": "!"})
+    assert_dry_run_refuses(toy, [ERROR_PREFIX + "stages.upper.provider_config: 'sufix' (did you mean 'suffix'?) is "
+                                 "not a key that keyed.KeyedProvider takes (suffix, item_delay)"])
+    set_stage(toy, provider="toy.ToyProvider")
+    assert run_snakemake(toy, "-n").returncode == 0
 
 
 def test_missing_runner_class_fails_at_parse_naming_class_and_key(toy):

@@ -470,3 +470,15 @@ def test_forward_parameters_read_from_code_agree_with_inspect(forward):
             forward_parameters(forward)
         return
     assert forward_parameters(forward) == expected
+
+
+def test_the_built_in_providers_declare_the_provider_config_keys_they_take():
+    """Each built-in provider's ``config_keys`` literal (what the parse checks a stage's provider_config against)
+    is what its code takes: a key added to the code and not to the literal would be refused at parse."""
+    from snakeshard.stages.collect_stats import CollectStatsProvider
+    from snakeshard.stages.fbank import DEFAULTS, FbankProvider
+    from snakeshard.stages.vad import SEGMENT_OPTIONS, SileroVadProvider
+
+    assert set(FbankProvider.config_keys) == {*DEFAULTS, *FbankProvider.reads_upstream_merge}
+    assert set(CollectStatsProvider.config_keys) == {*DEFAULTS, "frontend", "feats_field", "write_collected_feats"}
+    assert set(SileroVadProvider.config_keys) == {*SEGMENT_OPTIONS, "threads"}

@@ -275,10 +275,10 @@ def test_an_empty_reference_is_scored_as_jiwer_does_and_said(tmp_path):
     ({"normalize": None}, "provider_config.normalize: a list of text transforms"),
     ({"metrics": ["bleu"]}, "provider_config.metrics: unknown metric 'bleu'"),
     ({"normalize": ["lowercase", "stem"]}, "provider_config.normalize: unknown text transform 'stem'"),
-    ({"weights": 2}, "provider_config.weights: not a scoring option"),
+    ({"weights": 2}, "provider_config: 'weights' is not a key that snakeshard.stages.ScoringProvider takes (metrics, "),
 ])
 def test_config_errors_name_the_key(tmp_path, provider_config, message):
-    """A bad provider_config fails the canary (one job, before any shard) with the key in the message."""
+    """A bad provider_config fails before any shard (an unknown key at parse, a bad value in the canary), naming the key."""
     wd = jsonl_project(tmp_path, [{"key": f"k{i}", "spk": "a", "ref": "a", "hyp": "a"} for i in range(4)],
                        **provider_config)
     run = run_snakemake(wd, "--config", "canary=2")

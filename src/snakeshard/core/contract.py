@@ -41,6 +41,11 @@ class EnvironmentProvider:
     # class's own body: the workflow reads it from the source at parse time, without importing the provider.
     reads_upstream_merge: tuple[str, ...] = ()
 
+    # The provider_config keys this provider takes, as a literal in the class's own body (read at parse time, as
+    # reads_upstream_merge): the parse then refuses any other key, naming every one and the key it is close to,
+    # before a job starts. None: any key is passed on (a misspelt one then shows only in what the provider does).
+    config_keys: tuple[str, ...] | None = None
+
     def __init__(self, config: dict | None = None):
         self.config = dict(config or {})
 

@@ -110,6 +110,17 @@ def provider_merge_options(path: str, where: str) -> tuple[str, ...]:
     return tuple(options)
 
 
+def provider_config_keys(path: str, where: str) -> tuple[str, ...] | None:
+    """The provider_config keys the provider takes (its literal ``config_keys``; see EnvironmentProvider), or None
+    when it declares none."""
+    keys = class_literal(path, "config_keys", where)
+    if keys is None:
+        return None
+    if not (isinstance(keys, (tuple, list)) and all(isinstance(name, str) for name in keys)):
+        raise ConfigError(f"{where}: {path}.config_keys is {keys!r}: a tuple of provider_config key names")
+    return tuple(keys)
+
+
 COLLECT_STATS_RUNNER = "snakeshard.stages.collect_stats.CollectStatsRunner"
 
 

@@ -18,6 +18,8 @@ MODEL_RATE = 16000
 
 
 class PocketsphinxProvider(InferenceProvider):
+    config_keys = ("decoder_options", "fail_on_keys", "item_delay")
+
     def build_env(self) -> dict:
         from snakeshard.demo.pocketsphinx_asr import make_decoder
 

@@ -148,6 +148,10 @@ class CollectStatsProvider(InferenceProvider):
     ``device`` (and ``write_collected_feats`` if wanted), as ESPnet3's CollectStatsRunner expects.
     """
 
+    config_keys = ("frontend", "feats_field", "write_collected_feats", "num_mel_bins", "frame_length", "frame_shift",
+                   "dither", "snip_edges", "low_freq", "high_freq", "preemphasis_coefficient", "remove_dc_offset",
+                   "window_type", "use_energy")  # the last ones: fbank's, for frontend: fbank
+
     def build_env(self) -> dict:
         from snakeshard.core.data import STAGE_FORMAT, load_dataset
         from snakeshard.stages.fbank import fbank_options

@@ -87,6 +87,8 @@ class FbankProvider(EnvironmentProvider):
     """
 
     reads_upstream_merge = ("global_mvn",)
+    config_keys = ("num_mel_bins", "frame_length", "frame_shift", "dither", "snip_edges", "low_freq", "high_freq",
+                   "preemphasis_coefficient", "remove_dc_offset", "window_type", "use_energy", "global_mvn")
 
     def build_env_local(self) -> dict:
         spec = self.config["dataset"]

@@ -45,11 +45,9 @@ class Scoring:
     """What a scoring stage measures, from its ``provider_config`` (validated, errors name the key)."""
 
     def __init__(self, config: dict):
-        unknown = sorted(set(config) - {"metrics", "hypothesis", "reference", "normalize", "group_by", "p_target",
-                                        "c_miss", "c_fa", "dataset", "devices"})
-        if unknown:
-            raise ConfigError(f"{WHERE}.{unknown[0]}: not a scoring option (metrics, hypothesis, reference, "
-                              "normalize, group_by, p_target, c_miss, c_fa)")
+        unknown = sorted(set(config) - {*ScoringProvider.config_keys, "dataset", "devices"})
+        if unknown:  # in process (the parse refuses these in a workflow)
+            raise ConfigError(f"{WHERE}.{unknown[0]}: not a scoring option ({', '.join(ScoringProvider.config_keys)})")
         metrics = config.get("metrics")
         known = (*ADDITIVE_METRICS, *SCORE_METRICS)
         if not metrics or not isinstance(metrics, list):
@@ -89,6 +87,8 @@ class Scoring:
 
 class ScoringProvider(InferenceProvider):
     """The dataset (chained or not) and the ``Scoring`` its provider_config describes."""
+
+    config_keys = ("metrics", "hypothesis", "reference", "normalize", "group_by", "p_target", "c_miss", "c_fa")
 
     def build_env(self) -> dict:
         from snakeshard.core.data import load_dataset

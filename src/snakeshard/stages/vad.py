@@ -31,6 +31,8 @@ SEGMENT_OPTIONS = {"threshold": 0.5, "min_speech_duration_ms": 250, "min_silence
 
 
 class SileroVadProvider(InferenceProvider):
+    config_keys = ("threshold", "min_speech_duration_ms", "min_silence_duration_ms", "speech_pad_ms", "threads")
+
     def build_env(self) -> dict:
         import torch
         from silero_vad import load_silero_vad

@@ -21,7 +21,8 @@ from snakeshard.core.plan import (AUTO, DEFAULT_SHARDING, ensure_plan, overlappi
                                   shards_per_job)
 from snakeshard.core.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys, shard_job_files
 from snakeshard.core.user_source import (check_import_path, check_module_imports, check_runner_source,
-                                         provider_merge_options, runner_default_sharding, source_digest)
+                                         provider_config_keys, provider_merge_options, runner_default_sharding,
+                                         source_digest)
 from snakeshard.errors import ERROR_PREFIX, ConfigError, DataError, SnakeshardError
 from snakeshard.io.atomic import write_if_changed
 from snakeshard.io.writers import check_outputs_config
@@ -215,6 +216,7 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
         if reserved:
             raise ConfigError(f"stages.{name}.provider_config.{reserved[0]}: this key is set by snakeshard "
                               "(the dataset spec / the job's devices); rename it")
+        check_provider_config_keys(stage, f"stages.{name}")
         for role in ("provider", "runner"):
             where = f"stages.{name}.{role}"
             source = check_import_path(stage[role], where)
@@ -223,6 +225,24 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
                 if role == "runner":
                     check_runner_source(stage[role], where, *source)
     upstream_of(config)  # chained datasets form no loop
+
+
+def check_provider_config_keys(stage: dict, where: str) -> None:
+    """Every provider_config key the stage sets is one its provider takes, when the provider declares them
+    (``config_keys``, as the built-in stages do): all the unknown ones named at once, each with the key it is
+    close to, at parse rather than one per canary run."""
+    import difflib
+
+    keys = provider_config_keys(stage["provider"], f"{where}.provider")
+    unknown = [key for key in stage.get("provider_config") or {} if keys is not None and key not in keys]
+    if not unknown:
+        return
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, keys, n=1)
+        named.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    raise ConfigError(f"{where}.provider_config: {', '.join(named)} {'is not a key' if len(unknown) == 1 else 'are not keys'}"
+                      f" that {stage['provider']} takes ({', '.join(keys)})")
 
 
 def check_output_dir(out: str) -> None:
