@@ -546,7 +546,7 @@ def test_init_notes_relative_audio_paths_the_project_cannot_see(tmp_path):
     init = subprocess.run([CONSOLE_SCRIPT, "init", "proj", "--data", "corpus/my-set"], cwd=tmp_path,
                           capture_output=True, text=True)
     assert init.returncode == 0 and (tmp_path / "proj/Snakefile").is_file(), init.stderr
-    assert init.stderr == (f"note: corpus/my-set/wav.scp lists relative audio paths (corpus/wav/a1.wav, ...), and "
+    assert init.stderr == ("note: corpus/my-set/wav.scp lists relative audio paths (corpus/wav/a1.wav, ...), and "
                            "snakemake reads them from proj, where corpus/wav/a1.wav does not exist: make them "
                            "absolute, or relative to proj\n")
     plan = subprocess.run([CONSOLE_SCRIPT, "plan"], cwd=tmp_path / "proj", capture_output=True, text=True)

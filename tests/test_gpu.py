@@ -25,9 +25,8 @@ from conftest import copy_workflow, read_config, run_snakemake
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
 sys.path.insert(0, str(Path(__file__).parent))
-import train_project  # noqa: E402
-from test_train_stage import (TRAIN_TARGET, TRAINED, assert_same_training, interrupt_at, make_project,  # noqa: E402
-                              outputs, set_training, steps_done, write)
+from test_train_stage import (TRAIN_TARGET, TRAINED, assert_same_training, docs_example_project,  # noqa: E402
+                              interrupt_at, make_project, outputs, steps_done, write)
 
 GPU = {"gpu": 1}
 
@@ -40,13 +39,7 @@ def on_gpu(wd: Path, *stages: str) -> None:
 
 
 def test_the_docs_training_example_trains_infers_and_scores_on_the_gpu_and_its_model_loads_without_one(tmp_path):
-    from doc_blocks import doc_block
-
-    wd = make_project(tmp_path / "p")
-    (wd / "tones.py").write_text(doc_block("docs/stages.md", "python", "# tones.py"))
-    config = train_project.config()
-    config["stages"].update(yaml.safe_load(doc_block("docs/stages.md", "yaml", "  train:")))
-    write(wd, config)
+    wd = docs_example_project(tmp_path / "p")
     on_gpu(wd, "train", "infer")
     result = run_snakemake(wd)
     assert result.returncode == 0, result.stderr[-3000:]

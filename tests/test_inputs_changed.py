@@ -421,7 +421,7 @@ def test_a_merged_file_deleted_after_the_merge_is_refused_then_merged_again(proj
     refuse the set naming the file and the fix, and the next snakemake run merges it again from its shards
     (no shard reruns)."""
     (project / SET / "energy").unlink()
-    assert f"merged: missing energy" in status(project)
+    assert "merged: missing energy" in status(project)
     with pytest.raises(StaleMergedOutput,
                        match=r"merged file\(s\) energy missing .*; run snakemake again: it merges .* again from its shards"):
         require_current(project / SET, read_fingerprints(project / SET)["inputs"])

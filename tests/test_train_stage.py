@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import (PROJECT, copy_workflow, once_per_session, read_config, run_cli, run_snakemake, wait_for,
+from conftest import (copy_workflow, once_per_session, read_config, run_cli, run_snakemake, wait_for,
                       write_config)
 from snakeshard.cli import merged_line
 
@@ -136,15 +136,23 @@ def reference(tmp_path_factory, threads: int) -> dict:
     return once_per_session(tmp_path_factory, f"training_reference_{threads}_threads", compute)
 
 
-def test_train_infer_score_then_a_model_change_reruns_training_inference_and_scoring_only(tmp_path):
-    """docs/stages.md's training example (its tones.py and its train and infer stages) as written, and its output."""
-    from doc_blocks import doc_block, doc_text
+def docs_example_project(root: Path) -> Path:
+    """The project with docs/stages.md's training example as written: its tones.py, its train and infer stages."""
+    from doc_blocks import doc_block
 
-    wd = make_project(tmp_path / "p")
+    wd = make_project(root)
     (wd / "tones.py").write_text(doc_block("docs/stages.md", "python", "# tones.py"))
     config = train_project.config()
     config["stages"].update(yaml.safe_load(doc_block("docs/stages.md", "yaml", "  train:")))
     write(wd, config)
+    return wd
+
+
+def test_train_infer_score_then_a_model_change_reruns_training_inference_and_scoring_only(tmp_path):
+    """docs/stages.md's training example (its tones.py and its train and infer stages) as written, and its output."""
+    from doc_blocks import doc_text
+
+    wd = docs_example_project(tmp_path / "p")
     dry = run_snakemake(wd, "-n")
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "train_train" in dry.stdout and "shard_infer" in dry.stdout
