@@ -111,11 +111,7 @@ def test_silero_vad_on_the_gpu_finds_the_cpus_speech_segments(tmp_path):
 
     found = {}
     for device in ("cpu", "gpu"):
-        wd = copy_workflow(tmp_path / device)
-        config = read_config(wd)
-        config["datasets"] = {"demo": config["datasets"]["demo"]}
-        config["stages"] = {"vad": config["stages"]["vad"]}
-        (wd / "config/config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        wd = vad_project(tmp_path / device)
         if device == "gpu":
             on_gpu(wd, "vad")
         run = run_snakemake(wd, "results/vad/demo/merged.json")
@@ -128,3 +124,33 @@ def test_silero_vad_on_the_gpu_finds_the_cpus_speech_segments(tmp_path):
     worst = max(float(np.abs(cpu[k] - gpu[k]).max()) for k in cpu)
     print(f"silero-vad speech probability, largest |gpu - cpu|: {worst:.2e}")
     assert worst < 1e-2  # 4.2e-3 on an H200 (cuDNN's kernels against the CPU's), far from moving a segment
+
+
+def vad_project(root: Path) -> Path:
+    """The shipped workflow with its vad stage over data/demo alone (2 shards)."""
+    wd = copy_workflow(root)
+    config = read_config(wd)
+    config["datasets"] = {"demo": config["datasets"]["demo"]}
+    config["stages"] = {"vad": config["stages"]["vad"]}
+    write(wd, config)
+    return wd
+
+
+def test_two_local_gpu_jobs_on_a_one_gpu_machine_take_turns(tmp_path):
+    """The local profile starts vad's two shard jobs (gpu: 1) at once on a machine of one GPU: one claims it, the
+    other says it waits and runs once the first has ended; both see that GPU alone as cuda:0."""
+    pytest.importorskip("silero_vad")
+    if torch.cuda.device_count() != 1:
+        pytest.skip(f"checks a machine of one GPU (this one has {torch.cuda.device_count()})")
+    wd = vad_project(tmp_path / "p")
+    config = read_config(wd)
+    config["canary"] = 0
+    config["stages"]["vad"]["sharding"] = {"num_shards": 2}
+    write(wd, config)
+    on_gpu(wd, "vad")
+    run = run_snakemake(wd, "results/vad/demo/merged.json")  # --cores 2
+    assert run.returncode == 0, run.stderr[-3000:]
+    logs = [(wd / f"results/vad/demo/logs/split.{n}.log").read_text() for n in (0, 1)]
+    assert all("stages.vad: devices ['cuda:0'] (CUDA_VISIBLE_DEVICES=" in log for log in logs), logs
+    assert sum("stages.vad: waiting for 1 free GPU(s) of " in log for log in logs) == 1, logs
+

@@ -127,7 +127,8 @@ def _job_env(spec: dict, label: str):
     provider_cls = import_object(spec["provider"], f"{where}.provider")
     devices = job_devices(spec.get("gpus", 0), spec["stage"])  # fail at job start, before loading anything
     if devices != ["cpu"]:
-        print(f"{where}: devices {devices}", file=sys.stderr, flush=True)
+        print(f"{where}: devices {devices} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})",
+              file=sys.stderr, flush=True)
     # A pool is started first: its workers spawn and load their models while this process builds its own env.
     pool = _start_pool(spec, devices) if spec.get("pool") else None
     try:
