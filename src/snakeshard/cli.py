@@ -22,7 +22,8 @@ __all__ = ["build_parser", "main"]  # main: the `snakeshard` script (pyproject.t
 
 
 def _workflow(config_path: str):
-    from snakeshard.workflow.parse import Workflow, load_config, validate_config, without_project_keys
+    from snakeshard.workflow.config_file import load_config, without_project_keys
+    from snakeshard.workflow.parse import Workflow, validate_config
 
     config = without_project_keys(load_config(config_path), config_path)
     validate_config(config)
@@ -32,8 +33,8 @@ def _workflow(config_path: str):
 def cmd_plan(args) -> int:
     from snakeshard.core.plan import format_plan_table, make_plan
     from snakeshard.errors import ConfigError
-    from snakeshard.workflow.parse import (load_config, naming_dataset, planned_sets, run_spec, stage_sets,
-                                           validate_config, without_project_keys)
+    from snakeshard.workflow.config_file import load_config, without_project_keys
+    from snakeshard.workflow.parse import naming_dataset, planned_sets, run_spec, stage_sets, validate_config
     from snakeshard.workflow.train_config import is_training
 
     config = without_project_keys(load_config(args.config), args.config)

@@ -11,9 +11,9 @@ if os.getcwd() not in sys.path:
 
 from snakeshard.core.user_source import runner_reports
 from snakeshard.workflow import snakemake_patches
-from snakeshard.workflow.parse import (SLURM_PASSTHROUGH, Workflow, check_duplicate_keys, exit_on_user_error,
-                                       ignored_key_notes, shard_stages, stage_resources, stage_sets, stale_lock_note,
-                                       validate_config)
+from snakeshard.workflow.config_file import check_duplicate_keys
+from snakeshard.workflow.parse import (SLURM_PASSTHROUGH, Workflow, exit_on_user_error, ignored_key_notes, shard_stages,
+                                       stage_resources, stage_sets, stale_lock_note, validate_config)
 
 # Three costs of Snakemake 9's driver: a scheduler wake-up per second per finished job, a pandas import
 # when the first job ends, which holds up the next, and every ready job's inputs stat'ed again before
