@@ -113,6 +113,9 @@ def test_status_into_a_closed_pipe_ends_quietly(workdir):
 # -- defect 7: a done deleted after the merge --
 
 def test_deleted_done_after_merge_status_says_current_and_target_redoes_it(toy_workdir):
+    """status says what Snakemake will do with a set whose shard done was deleted, or made again, after the
+    merge, and the command it prints runs as pasted (a user trial: it lacked the profile, and Snakemake stopped
+    on "cores have to be specified"; after the forced shard, status said "current" while Snakemake merged again)."""
     assert run_snakemake(toy_workdir).returncode == 0
     merged = (toy_workdir / TOY / "text").read_bytes()
     (toy_workdir / TOY / "split.1/done").unlink()
@@ -120,15 +123,23 @@ def test_deleted_done_after_merge_status_says_current_and_target_redoes_it(toy_w
     again = run_snakemake(toy_workdir)
     assert again.returncode == 0 and executed(again) == []  # Snakemake: a removed intermediate
     status = run_cli(toy_workdir, "status").stdout
-    assert re.search(r"split\.1\s+removed\s+10 items\s+done deleted after the merge; "
-                     r"`snakemake results/upper/toy/split\.1/done` redoes it", status), status
+    command = "snakemake --profile config/profiles/local results/upper/toy/split.1/done"
+    assert re.search(rf"split\.1\s+removed\s+10 items\s+done deleted after the merge; `{re.escape(command)}` "
+                     r"redoes it", status), status
     assert "merged: yes, current" in status
 
-    forced = run_snakemake(toy_workdir, f"{TOY}/split.1/done")  # what status tells the user to run
-    assert forced.returncode == 0 and executed(forced) == ["shard_upper"]
+    forced = subprocess.run(command, shell=True, cwd=toy_workdir, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert forced.returncode == 0 and executed(forced) == ["shard_upper"], forced.stderr[-2000:]
     assert "wildcards: dataset=toy, shard=1" in forced.stdout + forced.stderr
+    (toy_workdir / TOY / "split.2/done").unlink()
+    status = run_cli(toy_workdir, "status").stdout
+    assert ("  merged: yes, not current: snakemake makes it again (results/upper/toy/split.1/done is newer than its "
+            "merged.json: a shard job ran since the merge)") in status, status
+    assert re.search(r"split\.2\s+pending\s+10 items\s+done deleted after the merge; the next run redoes it, as it "
+                     r"makes the merge again", status), status
     remerge = run_snakemake(toy_workdir)
-    assert executed(remerge, "merge") == ["merge"]
+    assert sorted(executed(remerge, r"shard_\w+|merge")) == ["merge", "shard_upper"]  # what status said
     assert (toy_workdir / TOY / "text").read_bytes() == merged
     assert "summary: 4 done" in run_cli(toy_workdir, "status").stdout
 
@@ -564,6 +575,19 @@ def test_init_notes_relative_audio_paths_the_project_cannot_see(tmp_path):
     init = subprocess.run([CONSOLE_SCRIPT, "init", "aproj", "--data", "corpus/abs.jsonl"], cwd=tmp_path,
                           capture_output=True, text=True)
     assert init.returncode == 0 and init.stderr == ""
+
+    # a manifest whose key and audio are under other names (a user trial: no word from init, then "record has no
+    # key field 'key'" from the parse, naming neither the record's fields nor the config key)
+    (tmp_path / "corpus/ids.jsonl").write_text(f'{{"id": "a1", "wav": "{tmp_path}/corpus/wav/a1.wav"}}\n')
+    init = subprocess.run([CONSOLE_SCRIPT, "init", "iproj", "--data", "corpus/ids.jsonl"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert init.returncode == 0 and init.stderr == (
+        "note: corpus/ids.jsonl: its first record has no 'key' or 'audio' field (it has 'id', 'wav'): set key_field, "
+        "audio_field under datasets.ids in iproj/config/config.yaml to the field(s) holding them\n")
+    plan = subprocess.run([CONSOLE_SCRIPT, "plan"], cwd=tmp_path / "iproj", capture_output=True, text=True)
+    assert plan.returncode == 1 and (f"datasets.ids: {tmp_path}/corpus/ids.jsonl:1: record has no key field 'key' "
+                                     "(its fields: 'id', 'wav'); the dataset's key_field (and audio_field, "
+                                     "duration_field) must name the fields that hold them") in plan.stderr, plan.stderr
 
 
 # -- `snakeshard plan --stage` with a stage the config does not run as shards --

@@ -212,12 +212,39 @@ def remade_because(wf, stage: str, ds: str, trainings: dict, memo: dict) -> str 
         memo[stage, ds] = None
         source = model_source(wf.config, stage)
         up = wf.upstream.get((stage, ds))
-        if source and trainings[source][0] != "done":
+        newer = newer_than_merge(Path(wf.out) / stage / ds, wf.job_done_files(stage, ds))
+        if newer:  # Snakemake's mtime trigger: a merge input newer than its output
+            memo[stage, ds] = f"{newer} is newer than its merged.json: a shard job ran since the merge"
+        elif source and trainings[source][0] != "done":
             memo[stage, ds] = f"its model, training stage {source}, is {trainings[source][0]}"
         elif up and (merged_state(Path(wf.out) / up[0] / up[1], wf.inputs[up]) != "yes"
                      or remade_because(wf, *up, trainings, memo)):
             memo[stage, ds] = f"it reads stage {up[0]}, dataset {up[1]}, which is made again"
     return memo[stage, ds]
+
+
+def newer_than_merge(set_dir: Path, job_outputs: list[str]) -> str | None:
+    """The first of a set's shard job outputs (the merge rule's inputs) modified after its merged.json, or None."""
+    try:
+        merged = (set_dir / "merged.json").stat().st_mtime_ns
+    except OSError:
+        return None
+    for path in job_outputs:
+        try:
+            if os.stat(path).st_mtime_ns > merged:
+                return path
+        except OSError:
+            continue
+    return None
+
+
+def snakemake_command() -> str:
+    """``snakemake`` with this project's local profile (``snakeshard init`` writes profiles/local; this
+    repository keeps config/profiles/local), as a command status prints should be run."""
+    for profile in ("profiles/local", "config/profiles/local"):
+        if Path(profile, "config.yaml").is_file():
+            return f"snakemake --profile {profile}"
+    return "snakemake --cores 1"
 
 
 def cmd_status(args) -> int:
@@ -234,6 +261,8 @@ def cmd_status(args) -> int:
         plan = wf.plans[stage, ds]
         base = Path(wf.out) / stage / ds
         merged = merged_state(base, wf.inputs[stage, ds])
+        because = remade_because(wf, stage, ds, trainings, remade) if merged == "yes" else None
+        removed = 0
         print(f"stage {stage}, dataset {ds}: {shards_text(plan['num_shards'])}")
         if stage not in canaries_told:  # the stage's canary, under the stage's first set
             canaries_told.add(stage)
@@ -246,10 +275,13 @@ def cmd_status(args) -> int:
             shard_dir = base / f"split.{n}"
             log, output = wf.shard_job_files(stage, ds, n)
             state, detail = shard_state(shard_dir, Path(log), {**expected, "stage": wf.stage_fps[stage, ds]}, n)
-            if state in ("pending", "incomplete") and merged == "yes":
+            if state in ("pending", "incomplete") and merged == "yes" and not because:
                 # Snakemake does not rerun a removed intermediate under an up-to-date merge.
-                redo = f"snakemake {output}" if output.endswith(f"split.{n}/done") else f"snakemake --force {output}"
-                state, detail = "removed", f"done deleted after the merge; `{redo}` redoes it"
+                force = "" if output.endswith(f"split.{n}/done") else "--force "
+                state, detail = "removed", f"done deleted after the merge; `{snakemake_command()} {force}{output}` redoes it"
+                removed += 1
+            elif state in ("pending", "incomplete") and merged == "yes" and newer_than_merge(base, [shard_dir / ".attempt"]) is None:
+                state, detail = "pending", "done deleted after the merge; the next run redoes it, as it makes the merge again"
             counts[state] = counts.get(state, 0) + 1
             items = f"{shard['items']:>7} item{'s' if shard['items'] != 1 else ' '}"
             print(f"  split.{n:<5} {state:<10} {items}  {detail if state != 'failed' else ''}".rstrip())
@@ -257,10 +289,9 @@ def cmd_status(args) -> int:
                 print(f"      log {log}:\n{detail}")
         merge_log = base / MERGE_LOG
         failure = merge_failure(base, merge_log) if merged != "yes" else None
-        because = remade_because(wf, stage, ds, trainings, remade) if merged == "yes" else None
         print("  merged: " + (f"failed (log {merge_log}): {failure}" if failure
                               else f"yes, not current: snakemake makes it again ({because})" if because
-                              else merged_line(merged, base, stage, bool(counts.get("removed")))))
+                              else merged_line(merged, base, stage, bool(removed))))
     for stage, (state, detail) in trainings.items():
         counts[state] = counts.get(state, 0) + 1
         print(f"stage {stage} (training), dataset {wf.config['stages'][stage]['train']}: {state}  {detail}".rstrip())
@@ -308,13 +339,14 @@ def cmd_init(args) -> int:
         print(f"next: cd {args.directory} && snakemake --profile profiles/local"
               + ("" if args.data else " (its data prep downloads FSDD first, 16 MB)"))
         return 0
-    from snakeshard.workflow.project import init_project, relative_audio_note
+    from snakeshard.workflow.project import init_project, manifest_fields_note, relative_audio_note
 
     written = init_project(args.directory, args.data)
     print(f"wrote {', '.join(written)} in {args.directory}")
-    note = relative_audio_note(args.data, args.directory) if args.data else None
-    if note:
-        print(note, file=sys.stderr)
+    for note in (relative_audio_note(args.data, args.directory), manifest_fields_note(args.data, args.directory)) \
+            if args.data else ():
+        if note:
+            print(note, file=sys.stderr)
     print(f"next: cd {args.directory} && snakemake -n && snakemake --profile profiles/local && snakeshard status")
     print('on SLURM: pip install "snakeshard[slurm]" (the executor plugin), then snakemake --profile profiles/slurm')
     return 0
