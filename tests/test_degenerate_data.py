@@ -98,6 +98,21 @@ def test_zero_sample_wav_is_refused_at_plan_time_when_the_plan_reads_headers(pro
     fails_with(project, "key 'k1' (data/six/wav.scp:2)", "holds no samples", args=("-n",))
 
 
+def test_every_unreadable_header_the_plan_needs_is_named_in_one_dry_run(project):
+    """shard_seconds reads each header: a garbage file and an empty one fail the plan together, each named with
+    key, line and file, with what to do (a user trial: one per run, and no word on the fix)."""
+    (project / "data/six/wav/k1.wav").write_bytes(b"<html>not audio</html>\n")
+    sf.write(project / "data/six/wav/k4.wav", np.zeros(0, dtype="int16"), 16000, subtype="PCM_16")
+    config = read_config(project)
+    config["stages"]["energy"]["sharding"] = {"shard_seconds": 1.0}
+    write_config(project, config)
+    line = fails_with(project, "2 audio file(s) with no readable header (their durations are needed to cut shards "
+                      "by seconds): key 'k1' (data/six/wav.scp:2): cannot read audio header of data/six/wav/k1.wav: ",
+                      "; key 'k4' (data/six/wav.scp:5): data/six/wav/k4.wav holds no samples (0 frames). Fix or "
+                      "replace these files, or remove their lines", args=("-n",))
+    assert line.startswith(ERROR)
+
+
 @pytest.mark.parametrize("line, message", [
     ("k3 k3 0.40 0.40", "segment 'k3' ends at 0.40 s, not after its start 0.40 s"),
     ("k3 k3 0.40 0.10", "segment 'k3' ends at 0.10 s, not after its start 0.40 s"),

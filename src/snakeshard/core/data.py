@@ -235,7 +235,9 @@ def jsonl_values(record, where: str, key_field: str, audio_field: str, duration_
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(record), "a number")
         raise DataError(f"{where}: {kind}, not a JSON object; a JSON Lines record is one {{...}} per line")
     if key_field not in record:
-        raise DataError(f"{where}: record has no key field {key_field!r}")
+        fields = ", ".join(map(repr, list(record)[:12])) + (", ..." if len(record) > 12 else "")
+        raise DataError(f"{where}: record has no key field {key_field!r} (its fields: {fields}); the dataset's "
+                        "key_field (and audio_field, duration_field) must name the fields that hold them")
     key = record[key_field]
     if not isinstance(key, str):
         raise DataError(f"{where}: key field {key_field!r} must be a string, got {key!r}")
@@ -347,6 +349,17 @@ def missing_audio_error(count: int, listed: list[str], relative: bool = False) -
     return DataError(f"{count} audio file(s) not found: " + _listing(count, listed) + where)
 
 
+def unreadable_headers_error(bad: list[str]) -> DataError:
+    """Every audio file whose header does not read, so that its duration is unknown (``bad``: the errors, each
+    naming key, line and file), in one error: one fix and one rerun, not one per file."""
+    if len(bad) == 1:
+        return DataError(f"{bad[0]}. Fix or replace the file, or remove its line")
+    return DataError(f"{len(bad)} audio file(s) with no readable header (their durations are needed to cut shards "
+                     "by seconds): " + "; ".join(bad[:MAX_LISTED]) + (f"; and {len(bad) - MAX_LISTED} more"
+                                                                    if len(bad) > MAX_LISTED else "")
+                     + ". Fix or replace these files, or remove their lines")
+
+
 def duplicate_keys_error(dupes: list[str]) -> DataError:
     return DataError(f"{len(dupes)} duplicate key(s): " + _listing(len(dupes), dupes[:MAX_LISTED]))
 
@@ -375,6 +388,7 @@ def fill_durations(items: list[Item]) -> None:
     """Read durations from audio headers for items that have none yet (a truncated or empty file is an error)."""
     from snakeshard.io.audio import audio_duration
 
+    bad = []
     for item in items:
         if item.seconds is not None:
             continue
@@ -383,7 +397,12 @@ def fill_durations(items: list[Item]) -> None:
                 f"key {item.key!r} ({item.source}): cannot read a duration from {item.audio!r}; "
                 "give durations (utt2dur, segments, or a jsonl duration field) or shard by count (shard_size)"
             )
-        item.seconds = audio_duration(item.audio, f"key {item.key!r} ({item.source})")
+        try:
+            item.seconds = audio_duration(item.audio, f"key {item.key!r} ({item.source})")
+        except DataError as e:
+            bad.append(str(e))
+    if bad:
+        raise unreadable_headers_error(bad)
 
 
 class KaldiDataset:

@@ -39,7 +39,8 @@ from itertools import chain, islice, repeat
 
 from snakeshard.core.data import (JSONL_RECORD, MAX_LISTED, Item, bad_key, bad_keys_error, check_audio_exists,
                                   duplicate_keys_error, empty_dataset_error, fill_durations, is_pipe, jsonl_record,
-                                  jsonl_values, missing_audio_error, read_items, source_spec, utf8_error)
+                                  jsonl_values, missing_audio_error, read_items, source_spec, unreadable_headers_error,
+                                  utf8_error)
 from snakeshard.core.fingerprint import digest
 from snakeshard.core.forked import map_forked, plan_workers
 from snakeshard.errors import DataError
@@ -499,6 +500,7 @@ class JsonlManifest:
         from snakeshard.io.audio import audio_duration
 
         self.given_seconds = array("d", self.seconds)  # what the cache keeps: the manifest's, not the headers'
+        bad = []
         for i, (key, n, _, a, s) in enumerate(self._rows()):
             if s == s:
                 continue
@@ -506,7 +508,12 @@ class JsonlManifest:
                 raise DataError(
                     f"key {key!r} ({self.path}:{n}): cannot read a duration from {a!r}; "
                     "give durations (utt2dur, segments, or a jsonl duration field) or shard by count (shard_size)")
-            self.seconds[i] = audio_duration(a, f"key {key!r} ({self.path}:{n})")
+            try:
+                self.seconds[i] = audio_duration(a, f"key {key!r} ({self.path}:{n})")
+            except DataError as e:  # every unreadable header in one error
+                bad.append(str(e))
+        if bad:
+            raise unreadable_headers_error(bad)
         self.missing = 0
 
     def shards(self, counts, first_item: int = 0):

@@ -70,6 +70,26 @@ def relative_audio_note(data: str | os.PathLike, directory: str | os.PathLike) -
             f"{directory}, where {audio} does not exist: make them absolute, or relative to {directory}")
 
 
+def manifest_fields_note(data: str | os.PathLike, directory: str | os.PathLike) -> str | None:
+    """A note when a JSON Lines manifest's first record lacks the ``key`` or ``audio`` field the config init wrote
+    reads by default: the fields it has, and the dataset keys that name them."""
+    if Path(data).suffix != ".jsonl" or not Path(data).is_file():
+        return None
+    with open(data, encoding="utf-8", errors="replace") as f:
+        line = next((line for line in f if line.strip()), "")
+    try:
+        record = json.loads(line)
+    except ValueError:  # the parse names the line
+        return None
+    missing = [field for field in ("key", "audio") if isinstance(record, dict) and field not in record]
+    if not missing:
+        return None
+    name = _describe_data(Path(data), Path(directory))[0]
+    return (f"note: {data}: its first record has no {' or '.join(map(repr, missing))} field (it has "
+            f"{', '.join(map(repr, record))}): set {', '.join(f'{field}_field' for field in missing)} under "
+            f"datasets.{name} in {Path(directory) / 'config/config.yaml'} to the field(s) holding them")
+
+
 def _first_audio_path(listing: Path) -> str | None:
     """The first audio path a wav.scp or a .jsonl manifest (its ``audio`` field) lists that is not a pipe."""
     if not listing.is_file():
