@@ -108,6 +108,11 @@ CONFIG_CASES = [
      ["stages.upper.sharding", "exactly one of num_shards, shard_size, shard_seconds"]),
     ("undefined-dataset", lambda wd: set_stage(wd, datasets=["toy", "dev"]),
      ["stages.upper.datasets", "'dev' is not defined under datasets", "['toy']"]),
+    ("misspelt-dataset", lambda wd: set_stage(wd, datasets=["tyo"]),
+     ["stages.upper.datasets: 'tyo' is not defined under datasets (['toy']); did you mean 'toy'?"]),
+    ("misspelt-runner-class", lambda wd: set_stage(wd, runner="toy.UperRunner"),
+     ["stages.upper.runner: cannot import 'toy.UperRunner': module 'toy' (", "defines no 'UperRunner' (did you mean "
+      "'UpperRunner'?)"]),
     ("bad-dataset-format", lambda wd: set_top(wd, datasets={"toy": {"path": "data/toy", "format": "csv"}}),
      ["datasets.toy.format", "'csv'"]),
     ("batch-size-0", lambda wd: set_stage(wd, batch_size=0),

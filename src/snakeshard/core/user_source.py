@@ -28,8 +28,13 @@ def check_import_path(path: str, where: str):
     if origin is None:
         return None
     tree = _parse(origin, where)
-    if attr not in _top_level_names(tree):
-        raise ConfigError(f"{where}: cannot import {path!r}: module {module!r} ({origin}) defines no {attr!r}")
+    names = _top_level_names(tree)
+    if attr not in names:
+        import difflib
+
+        close = difflib.get_close_matches(attr, sorted(names), n=1) if isinstance(names, set) else []
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{where}: cannot import {path!r}: module {module!r} ({origin}) defines no {attr!r}{hint}")
     return origin, tree
 
 

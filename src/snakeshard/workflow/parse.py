@@ -115,7 +115,12 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
         check_stage_kind(name, stage, datasets, stages)  # training stages, and inference from them
         for ds in stage["datasets"]:
             if ds not in datasets:
-                raise ConfigError(f"stages.{name}.datasets: {ds!r} is not defined under datasets ({sorted(datasets)})")
+                import difflib
+
+                close = difflib.get_close_matches(ds, list(datasets), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"stages.{name}.datasets: {ds!r} is not defined under datasets ({sorted(datasets)})"
+                                  + hint)
         if "sharding" not in stage:
             stage["sharding"] = runner_default_sharding(stage["runner"], f"stages.{name}") or dict(DEFAULT_SHARDING)
         modes = [k for k in ("num_shards", "shard_size", "shard_seconds") if k in stage["sharding"]]
