@@ -416,8 +416,8 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
                     if stopping:
                         world.barrier()  # no rank exits before rank 0's checkpoint is written
                         raise TrainingInterrupted(
-                            f"{stopping}: stopped at step {p['step']} (epoch {p['epoch']}, batch "
-                            f"{p['batch_pos']}), checkpoint {manager.latest}; rerun to resume",
+                            f"{stopping}: stopped at step {p['step']} (epoch {p['epoch']}, {p['batch_pos']} of its "
+                            f"{n_local} batches done), checkpoint {manager.latest}; rerun to resume",
                             signal_name=stopping, step=p["step"], checkpoint=manager.latest)
                 if p["batch_pos"] < n_local:  # max_steps reached inside an epoch
                     p["finished"] = True
