@@ -144,6 +144,24 @@ def test_deleted_done_after_merge_status_says_current_and_target_redoes_it(toy_w
     assert "summary: 4 done" in run_cli(toy_workdir, "status").stdout
 
 
+def test_status_names_what_in_the_stage_changed_since_a_shard_ran(toy_workdir):
+    """A stale shard's line names the stage's change, as a refused training resume does (a user trial: it said
+    "the stage's config, model files or code" whatever changed): a provider_config value with both values, an
+    edit of the stage's module by the digest that moved."""
+    assert run_snakemake(toy_workdir).returncode == 0
+    set_stage(toy_workdir, provider_config={"suffix": "!"})
+    status = run_cli(toy_workdir, "status").stdout
+    assert re.search(r"split\.0 +stale +10 items +changed since it ran: the stage: provider_config\.suffix: "
+                     r"\(unset\) -> '!'\n", status), status
+    set_stage(toy_workdir, provider_config={})
+    assert "summary: 4 done" in run_cli(toy_workdir, "status").stdout
+    module = toy_workdir / "toy.py"
+    module.write_text(module.read_text() + "\nEXTRA = 1\n")
+    status = run_cli(toy_workdir, "status").stdout
+    assert re.search(r"split\.3 +stale +10 items +changed since it ran: the stage: code\.provider \(its source "
+                     r"code\); code\.runner \(its source code\)\n", status), status
+
+
 # -- a dead driver's lock: said so, with the command that clears it --
 
 LOCK_NOTE = ("snakeshard: .snakemake/locks holds a lock from an earlier snakemake run, and no snakemake runs in this "

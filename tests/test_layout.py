@@ -36,7 +36,7 @@ BATCH_AWARE = {"snakeshard.stages.CollectStatsRunner", "snakeshard.stages.Scorin
 # its single-item ones (silero-vad's per-frame probabilities move by ~1e-6; its segments and wavs do not).
 TOLERATED = {("snakeshard.stages.vad.SileroVadRunner", "speech_prob"): 1e-4}
 SET_FILES_NOT_COMPARED = {"merged.json", "spec.json", "fingerprints.json", "plan.json", "audio_files.json",
-                          "summary.html"}  # timings
+                          "stage_history.json", "summary.html"}  # timings
 PATH_FORMATS = ("ark", "npy", "wav", "flac")  # fields whose index lines name files under split.N/
 
 

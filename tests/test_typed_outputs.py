@@ -298,7 +298,7 @@ def set_files(set_dir: Path) -> dict[str, bytes]:
     files = {}
     for path in sorted(set_dir.glob("*")) + sorted(set_dir.glob("split.*/*.ark")):
         if path.is_file() and path.name not in ("merged.json", "spec.json", "fingerprints.json", "plan.json",
-                                                      "audio_files.json", "summary.html"):
+                                                "stage_history.json", "audio_files.json", "summary.html"):
             files[str(path.relative_to(set_dir))] = path.read_bytes().replace(str(set_dir.resolve()).encode(), b"SET")
     return files
 

@@ -141,8 +141,14 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple
         changed = [part for part in STALE_CAUSES if part in had and had[part] != expected[part]]
         if "keys" in changed:  # a plan cut anew: other keys come with other records and audio, nothing to tell
             changed = [part for part in changed if part not in ("records", "audio")]
-        return "stale", "changed since it ran: " + (", ".join(STALE_CAUSES[part] for part in changed)
-                                                    or "its inputs, config or code")
+        causes = [STALE_CAUSES[part] for part in changed]
+        if "stage" in changed:  # what in the stage, when its history still holds the fingerprint the shard ran with
+            from snakeshard.workflow.parse import stage_changes
+
+            what = stage_changes(shard_dir.parent, had["stage"], expected["stage"])
+            if what:
+                causes[changed.index("stage")] = "the stage: " + "; ".join(what[:5])
+        return "stale", "changed since it ran: " + (", ".join(causes) or "its inputs, config or code")
     lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
     own = [n for n, line in enumerate(lines) if line.startswith((f"{ERROR_PREFIX}shard {shard} ",
                                                                    f"{ERROR_PREFIX}shard {shard}:"))]

@@ -72,8 +72,13 @@ def file_identity(path: str) -> list:
 
 
 def stage_fingerprint(spec: dict, version: str, code: dict | None = None, from_model: tuple = ()) -> str:
-    """Fingerprint of everything but the shard's inputs; ``spec`` is the stage's run spec (see
-    workflow.py), ``code`` the digests of the runner's and provider's source (None: left out).
+    """Fingerprint of everything but the shard's inputs (``stage_payload``)."""
+    return digest(json.dumps(stage_payload(spec, version, code, from_model), sort_keys=True, default=str))
+
+
+def stage_payload(spec: dict, version: str, code: dict | None = None, from_model: tuple = ()) -> dict:
+    """What a stage's fingerprint covers; ``spec`` is the stage's run spec (see workflow.py), ``code`` the digests
+    of the runner's and provider's source (None: left out).
 
     ``from_model``: an inference stage's provider_config keys that are its training stage's (see
     train_config.model_config_keys). They count through the trained model's fingerprint, which leaves out the
@@ -97,7 +102,28 @@ def stage_fingerprint(spec: dict, version: str, code: dict | None = None, from_m
         payload["code"] = code
     if spec.get("model"):  # inference with a trained model: its training's fingerprint (a retraining reruns it)
         payload["trained_model"] = spec["model"]["fingerprint"]
-    return digest(json.dumps(payload, sort_keys=True, default=str))
+    return json.loads(json.dumps(payload, default=str))  # as stored and read back (stage_history.json)
+
+
+class _Unset:
+    """A key one side of a config diff lacks."""
+
+    def __repr__(self) -> str:
+        return "(unset)"
+
+
+UNSET = _Unset()
+
+
+def differences(a: dict, b: dict, prefix: str = ""):
+    """(dotted key, a's value, b's value) for each key whose values differ, descending where both are dicts;
+    ``UNSET`` for a side that lacks the key."""
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k, UNSET), b.get(k, UNSET)
+        if isinstance(x, dict) and isinstance(y, dict):
+            yield from differences(x, y, f"{prefix}{k}.")
+        elif x != y:
+            yield f"{prefix}{k}", x, y
 
 
 def records_digest(records: dict[str, str], selected) -> str:

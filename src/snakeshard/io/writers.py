@@ -40,7 +40,7 @@ FORMAT_OPTIONS = {"ark": {"compression_method"}, "wav": {"subtype"}, "flac": {"s
 # Names a field cannot take: files of the shard dir (keys, items.json, done: the plan's and the job's) and of
 # the merged set dir (jobs/: the done files of jobs of several shards).
 RESERVED_NAMES = frozenset({"keys", "items.json", "done", "fields.json", "merged.json", "plan.json", "spec.json",
-                            "fingerprints.json", "audio_files.json", "logs", "jobs"})
+                            "fingerprints.json", "audio_files.json", "stage_history.json", "logs", "jobs"})
 # What str.splitlines() splits on. Every line-based file here is split on "\n" alone, but a user's tools
 # may split on any of these (Python's text mode splits on "\r"), so a text value holding one is refused,
 # and JSON Lines escape the three that JSON leaves as they are (\x85, \u2028, \u2029).

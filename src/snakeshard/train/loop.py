@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import snakeshard.train.rng as rng
+from snakeshard.core.fingerprint import differences
 from snakeshard.core.hooks import runner_name
 from snakeshard.errors import ContractError, SnakeshardError
 from snakeshard.train.checkpoint import CheckpointManager, CheckpointWarning, read_checkpoint
@@ -131,31 +132,12 @@ def _config(config: dict | None) -> dict:
     return cfg
 
 
-class _Unset:
-    """A key one side of a config diff lacks."""
-
-    def __repr__(self) -> str:
-        return "(unset)"
-
-
-UNSET = _Unset()
-
-
 def config_diff(old: dict, new: dict) -> list[str]:
     """``key: old -> new`` for each result-changing key that differs (dotted names where both sides are dicts:
     ``schedule.warmup_steps: 0 -> 100``; a dict set where there was none is shown whole)."""
     return [f"{_diff_name(key)}: {a!r} -> {b!r}"
-            for key, a, b in _differences({k: v for k, v in old.items() if k not in RESULT_NEUTRAL},
-                                          {k: v for k, v in new.items() if k not in RESULT_NEUTRAL})]
-
-
-def _differences(a: dict, b: dict, prefix: str = ""):
-    for k in sorted(set(a) | set(b)):
-        x, y = a.get(k, UNSET), b.get(k, UNSET)
-        if isinstance(x, dict) and isinstance(y, dict):
-            yield from _differences(x, y, f"{prefix}{k}.")
-        elif x != y:
-            yield f"{prefix}{k}", x, y
+            for key, a, b in differences({k: v for k, v in old.items() if k not in RESULT_NEUTRAL},
+                                         {k: v for k, v in new.items() if k not in RESULT_NEUTRAL})]
 
 
 def _diff_name(key: str) -> str:

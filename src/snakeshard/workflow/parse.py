@@ -14,9 +14,9 @@ from pathlib import Path
 
 from snakeshard.core.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
 from snakeshard.core.devices import requested_gpus
-from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, inputs_digest, keys_text, model_identities,
-                                         records_digest, set_data_digest, shard_fingerprint, shard_inputs_text,
-                                         stage_fingerprint, training_fingerprint)
+from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, digest, inputs_digest, keys_text,
+                                         model_identities, records_digest, set_data_digest, shard_fingerprint,
+                                         shard_inputs_text, stage_payload, training_fingerprint)
 from snakeshard.core.plan import (AUTO, DEFAULT_SHARDING, ensure_plan, overlapping_shards, read_audio_files,
                                   shards_per_job)
 from snakeshard.core.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys, shard_job_files
@@ -45,6 +45,8 @@ MAX_LISTED = 5
 # What a shard's fingerprint covers unless the stage's `fingerprint:` config says otherwise.
 FINGERPRINT_DEFAULTS = {"records": [*KALDI_RECORD_FILES, JSONL_RECORD], "audio": True, "code": True}
 FINGERPRINTS_FILE = "fingerprints.json"  # beside plan.json: what the merge and readers of merged output check
+STAGE_HISTORY = "stage_history.json"  # the stage fingerprints' payloads, newest last: what status diffs
+STAGE_HISTORY_KEPT = 8
 # The methods jobs call on a runner class with a key or batch first and env entries by name: a shard stage's
 # forward, a training stage's steps (snakeshard.train.TorchRunner)
 TRAIN_SPEC = "train.json"  # a training stage's spec, in its train set's dir (what its job reads)
@@ -442,6 +444,42 @@ def read_fingerprints(set_dir: str | os.PathLike) -> dict | None:
         return None
 
 
+def remember_stage_payload(set_dir: Path, fp: str, payload: dict) -> None:
+    """Keep what the stage fingerprint ``fp`` covers in the set's STAGE_HISTORY (the last STAGE_HISTORY_KEPT),
+    so that `snakeshard status` can say what changed for a shard done under an earlier one."""
+    path = set_dir / STAGE_HISTORY
+    try:
+        history = json.loads(path.read_text())
+    except (OSError, ValueError):
+        history = {}
+    if fp in history:
+        return
+    history[fp] = payload
+    write_if_changed(path, json.dumps(dict(list(history.items())[-STAGE_HISTORY_KEPT:]), indent=1) + "\n")
+
+
+def stage_changes(set_dir: Path, old: str, new: str) -> list[str] | None:
+    """``key: old -> new`` for what differs between two stage fingerprints of a set, from its STAGE_HISTORY;
+    None when either is not there."""
+    from snakeshard.core.fingerprint import differences
+
+    try:
+        history = json.loads((set_dir / STAGE_HISTORY).read_text())
+    except (OSError, ValueError):
+        return None
+    if old not in history or new not in history:
+        return None
+    named = [f"{key} ({STAGE_DIGESTS[part]})" if (part := key.partition(".")[0]) in STAGE_DIGESTS
+             else f"{key}: {a!r} -> {b!r}" for key, a, b in differences(history[old], history[new])]
+    return list(dict.fromkeys(name if not name.startswith("model_files") else "model_files (" + STAGE_DIGESTS[
+        "model_files"] + ")" for name in named))
+
+
+# the digests in a stage's payload, in words
+STAGE_DIGESTS = {"code": "its source code", "trained_model": "its training stage trained another model",
+                 "model_files": "a model file named in provider_config: size or mtime"}
+
+
 class Workflow:
     """Per-parse view of a config: plans and fingerprints for every stage/dataset, computed once.
 
@@ -543,7 +581,9 @@ class Workflow:
         if options["code"]:
             code = {role: source_digest(spec[role], f"stages.{stage}.{role}") for role in ("runner", "provider")}
         self.code[stage] = code
-        fp = stage_fingerprint(spec, __version__, code, from_model=tuple(model_config_keys(self.config, stage)))
+        payload = stage_payload(spec, __version__, code, from_model=tuple(model_config_keys(self.config, stage)))
+        fp = digest(json.dumps(payload, sort_keys=True))
+        remember_stage_payload(Path(base), fp, payload)
         audio = self._audio_digests(base, plan, options, stat_cache, reuse_audio_identity)
         upstream = self._upstream_digests(stage, ds) if up else [""] * plan["num_shards"]
         counted = counted_records(options["records"])
