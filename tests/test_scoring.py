@@ -278,7 +278,8 @@ def test_an_empty_reference_is_scored_as_jiwer_does_and_said(tmp_path):
     ({"weights": 2}, "provider_config: 'weights' is not a key that snakeshard.stages.ScoringProvider takes (metrics, "),
 ])
 def test_config_errors_name_the_key(tmp_path, provider_config, message):
-    """A bad provider_config fails before any shard (an unknown key at parse, a bad value in the canary), naming the key."""
+    """A bad provider_config fails before any shard (an unknown key at parse, a bad value in the canary), naming
+    the key."""
     wd = jsonl_project(tmp_path, [{"key": f"k{i}", "spk": "a", "ref": "a", "hyp": "a"} for i in range(4)],
                        **provider_config)
     run = run_snakemake(wd, "--config", "canary=2")

@@ -281,13 +281,16 @@ def cmd_status(args) -> int:
             shard_dir = base / f"split.{n}"
             log, output = wf.shard_job_files(stage, ds, n)
             state, detail = shard_state(shard_dir, Path(log), {**expected, "stage": wf.stage_fps[stage, ds]}, n)
-            if state in ("pending", "incomplete") and merged == "yes" and not because:
+            deleted = state in ("pending", "incomplete") and merged == "yes"
+            if deleted and not because:
                 # Snakemake does not rerun a removed intermediate under an up-to-date merge.
                 force = "" if output.endswith(f"split.{n}/done") else "--force "
-                state, detail = "removed", f"done deleted after the merge; `{snakemake_command()} {force}{output}` redoes it"
+                state, detail = "removed", (f"done deleted after the merge; `{snakemake_command()} {force}{output}` "
+                                            "redoes it")
                 removed += 1
-            elif state in ("pending", "incomplete") and merged == "yes" and newer_than_merge(base, [shard_dir / ".attempt"]) is None:
-                state, detail = "pending", "done deleted after the merge; the next run redoes it, as it makes the merge again"
+            elif deleted and newer_than_merge(base, [str(shard_dir / ".attempt")]) is None:  # not started since
+                state, detail = "pending", ("done deleted after the merge; the next run redoes it, as it makes the "
+                                            "merge again")
             counts[state] = counts.get(state, 0) + 1
             items = f"{shard['items']:>7} item{'s' if shard['items'] != 1 else ' '}"
             print(f"  split.{n:<5} {state:<10} {items}  {detail if state != 'failed' else ''}".rstrip())

@@ -162,8 +162,9 @@ def check_provider_config_keys(stage: dict, where: str) -> None:
     for key in unknown:
         close = difflib.get_close_matches(key, keys, n=1)
         named.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
-    raise ConfigError(f"{where}.provider_config: {', '.join(named)} {'is not a key' if len(unknown) == 1 else 'are not keys'}"
-                      f" that {stage['provider']} takes ({', '.join(keys)})")
+    verb = "is not a key" if len(unknown) == 1 else "are not keys"
+    raise ConfigError(f"{where}.provider_config: {', '.join(named)} {verb} that {stage['provider']} takes "
+                      f"({', '.join(keys)})")
 
 
 def check_output_dir(out: str) -> None:
