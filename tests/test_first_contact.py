@@ -617,3 +617,7 @@ def test_plan_of_an_unknown_stage_is_refused_naming_the_stages(toy_workdir):
                                    "(its stages: upper)")
     proc = run_cli(toy_workdir, "plan", "--stage", "upper")
     assert proc.returncode == 0 and "stage upper, dataset toy:" in proc.stdout
+    # the toy's sharding (num_shards) reads no audio header, and its wav.scp has no durations: said, not just "-"
+    assert proc.stdout.splitlines()[-2:] == [
+        " total       40          -  (4 shards)",
+        "seconds -: not read (the dataset gives no durations, and this stage's sharding needs none)"], proc.stdout

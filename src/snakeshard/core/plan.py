@@ -317,5 +317,7 @@ def format_plan_table(plan: dict, title: str = "") -> str:
         rows.append(f"{s['shard']:>6} {s['items']:>8} {secs:>10}  {s['first_key']} .. {s['last_key']}")
     total = f"{plan['total_seconds']:.1f}" if plan["total_seconds"] is not None else "-"
     rows.append(f"{'total':>6} {plan['num_items']:>8} {total:>10}  ({shards_text(plan['num_shards'])})")
+    if plan["total_seconds"] is None:  # a user trial: "-" here and seconds for the same data in another stage
+        rows.append("seconds -: not read (the dataset gives no durations, and this stage's sharding needs none)")
     head = [title] if title else []
     return "\n".join(head + rows)
