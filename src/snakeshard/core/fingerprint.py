@@ -71,9 +71,9 @@ def file_identity(path: str) -> list:
     return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
 
 
-def stage_fingerprint(spec: dict, version: str, code: dict | None = None, from_model: tuple = ()) -> str:
-    """Fingerprint of everything but the shard's inputs (``stage_payload``)."""
-    return digest(json.dumps(stage_payload(spec, version, code, from_model), sort_keys=True, default=str))
+def stage_fingerprint(payload: dict) -> str:
+    """Fingerprint of everything but the shard's inputs: of the stage's ``stage_payload``."""
+    return digest(json.dumps(payload, sort_keys=True))
 
 
 def stage_payload(spec: dict, version: str, code: dict | None = None, from_model: tuple = ()) -> dict:

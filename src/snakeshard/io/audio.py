@@ -46,27 +46,37 @@ def wav_shortfall(f, size: int) -> tuple[float, float] | None:
     return None
 
 
-def _check_complete(source, size: int, where: str, name: str) -> None:
+def _check_complete(source, size: int, where: str, name: str, key: str | None) -> None:
     short = wav_shortfall(source, size)
     if short is not None:
-        raise DataError(f"{where}: {name} is truncated: its header says {short[0]:.3f} s, the file holds "
-                        f"{short[1]:.3f} s (an interrupted copy or write?)")
+        raise AudioError(f"{where}: {name} is truncated: its header says {short[0]:.3f} s, the file holds "
+                         f"{short[1]:.3f} s (an interrupted copy or write?)", key)
+
+
+def _check_file_complete(path: str, where: str, key: str | None) -> None:
+    try:
+        with open(path, "rb") as f:
+            _check_complete(f, os.fstat(f.fileno()).st_size, where, path, key)
+    except OSError as e:
+        raise AudioError(f"{where}: cannot read audio {path}: {e.strerror}", key) from None
+
+
+def _header(path: str, where: str, key: str | None = None):
+    """soundfile's info of the audio file ``path``, after the truncation check."""
+    import soundfile
+
+    _check_file_complete(path, where, key)
+    try:
+        return soundfile.info(path)
+    except Exception as e:  # soundfile raises several types for unreadable headers
+        raise AudioError(f"{where}: cannot read audio header of {path}: {e}", key) from None
 
 
 def audio_duration(path: str, where: str) -> float:
     """Seconds of audio in ``path`` from its header (soundfile), after the truncation check."""
-    import soundfile
-
-    try:
-        with open(path, "rb") as f:
-            _check_complete(f, os.fstat(f.fileno()).st_size, where, path)
-        info = soundfile.info(path)
-    except DataError:
-        raise
-    except Exception as e:  # soundfile raises several types for unreadable headers
-        raise DataError(f"{where}: cannot read audio header of {path}: {e}") from None
+    info = _header(path, where)
     if info.frames == 0:
-        raise DataError(f"{where}: {path} holds no samples (0 frames)")
+        raise AudioError(f"{where}: {path} holds no samples (0 frames)")
     return info.duration
 
 
@@ -94,14 +104,14 @@ def read_item_audio(item, *, dtype: str = "float32", sample_rate: int | None = N
         name = f"the output of {command!r}"
         try:
             data = _run_pipe(command, where)
-            source = io.BytesIO(data)
-            _check_complete(source, len(data), where, name)
         except DataError as e:
             raise AudioError(str(e), item.key) from None
+        source = io.BytesIO(data)
+        _check_complete(source, len(data), where, name, item.key)
         source.seek(0)
     else:
         name = source = item.audio
-        _check_file_complete(item, where)
+        _check_file_complete(source, where, item.key)
     try:
         samples, rate = soundfile.read(source, dtype=dtype)
     except Exception as e:
@@ -116,28 +126,12 @@ def check_item_audio_header(item, *, sample_rate: int | None = None, max_oversho
                             dataset: str | None = None) -> bool:
     """Raise the AudioError ``read_item_audio`` would, from the file's header alone (no samples decoded); a pipe
     is not run: False for one (not checked), True for a file that passed."""
-    import soundfile
-
     if item.audio.endswith("|"):
         return False
     where = f"key {item.key!r} ({item.source})"
-    _check_file_complete(item, where)
-    try:
-        info = soundfile.info(item.audio)
-    except Exception as e:
-        raise AudioError(f"{where}: cannot read audio {item.audio}: {e}", item.key) from None
+    info = _header(item.audio, where, item.key)
     _check_usable(item, where, item.audio, info.samplerate, info.frames, sample_rate, max_overshoot, dataset)
     return True
-
-
-def _check_file_complete(item, where: str) -> None:
-    try:
-        with open(item.audio, "rb") as f:
-            _check_complete(f, os.fstat(f.fileno()).st_size, where, item.audio)
-    except OSError as e:
-        raise AudioError(f"{where}: cannot read audio {item.audio}: {e.strerror}", item.key) from None
-    except DataError as e:
-        raise AudioError(str(e), item.key) from None
 
 
 def _check_usable(item, where: str, name: str, rate: int, frames: int, sample_rate: int | None,

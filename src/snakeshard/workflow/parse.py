@@ -14,9 +14,9 @@ from pathlib import Path
 
 from snakeshard.core.data import JSONL_RECORD, KALDI_RECORD_FILES, STAGE_FORMAT
 from snakeshard.core.devices import requested_gpus
-from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, digest, inputs_digest, keys_text,
-                                         model_identities, records_digest, set_data_digest, shard_fingerprint,
-                                         shard_inputs_text, stage_payload, training_fingerprint)
+from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, inputs_digest, keys_text, model_identities,
+                                         records_digest, set_data_digest, shard_fingerprint, shard_inputs_text,
+                                         stage_fingerprint, stage_payload, training_fingerprint)
 from snakeshard.core.plan import (AUTO, DEFAULT_SHARDING, ensure_plan, overlapping_shards, read_audio_files,
                                   shards_per_job)
 from snakeshard.core.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys, shard_job_files
@@ -24,10 +24,10 @@ from snakeshard.core.user_source import (check_import_path, check_module_imports
                                          provider_config_keys, provider_merge_options, runner_default_sharding,
                                          source_digest)
 from snakeshard.errors import ERROR_PREFIX, ConfigError, DataError, SnakeshardError
-from snakeshard.workflow.config_file import schema_messages
 from snakeshard.io.atomic import write_if_changed
 from snakeshard.io.writers import check_outputs_config
 from snakeshard.version import __version__
+from snakeshard.workflow.config_file import schema_messages
 from snakeshard.workflow.train_config import (check_stage_kind, is_training, loop_config, model_config_keys,
                                               model_source, ranks as training_ranks, training_stages)
 
@@ -470,10 +470,14 @@ def stage_changes(set_dir: Path, old: str, new: str) -> list[str] | None:
         return None
     if old not in history or new not in history:
         return None
-    named = [f"{key} ({STAGE_DIGESTS[part]})" if (part := key.partition(".")[0]) in STAGE_DIGESTS
-             else f"{key}: {a!r} -> {b!r}" for key, a, b in differences(history[old], history[new])]
-    return list(dict.fromkeys(name if not name.startswith("model_files") else "model_files (" + STAGE_DIGESTS[
-        "model_files"] + ")" for name in named))
+    named = []
+    for key, a, b in differences(history[old], history[new]):
+        part = key.partition(".")[0]
+        if part in STAGE_DIGESTS:  # a digest: what it covers, not its values (code.runner, code.provider apart)
+            named.append(f"{key if part == 'code' else part} ({STAGE_DIGESTS[part]})")
+        else:
+            named.append(f"{key}: {a!r} -> {b!r}")
+    return list(dict.fromkeys(named))
 
 
 # the digests in a stage's payload, in words
@@ -583,7 +587,7 @@ class Workflow:
             code = {role: source_digest(spec[role], f"stages.{stage}.{role}") for role in ("runner", "provider")}
         self.code[stage] = code
         payload = stage_payload(spec, __version__, code, from_model=tuple(model_config_keys(self.config, stage)))
-        fp = digest(json.dumps(payload, sort_keys=True))
+        fp = stage_fingerprint(payload)
         remember_stage_payload(Path(base), fp, payload)
         audio = self._audio_digests(base, plan, options, stat_cache, reuse_audio_identity)
         upstream = self._upstream_digests(stage, ds) if up else [""] * plan["num_shards"]
