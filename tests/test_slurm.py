@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,29 @@ def set_stage(workdir: Path, stage: str, **changes) -> None:
     config = read_config(workdir)
     config["stages"][stage].update(changes)
     write_config(workdir, config)
+
+
+def cluster_jobs() -> list[str]:
+    """Every job on the cluster: id, state, elapsed time, comment (the rule and shard that submitted it)."""
+    out = subprocess.run(["squeue", "-h", "-O", "JobID:12,State:14,TimeUsed:12,Comment:80"], capture_output=True,
+                         text=True).stdout
+    return [" ".join(line.split()) for line in out.splitlines() if line.strip()]
+
+
+@pytest.fixture(autouse=True)
+def an_empty_queue_after_each_test(request):
+    """A job a test leaves on the one-node cluster holds its CPUs, and a later test's 2-CPU job then pends until
+    its `timeout` (CI once: the digits recipe's training never started, 900 s, with an earlier job still on the
+    node). After each test: wait for its jobs to leave, cancel what stays, and name the test that left them in a
+    warning (the summary shows it), so that the next test runs on a free node whatever the cause."""
+    yield
+    deadline = time.time() + 60
+    while (left := cluster_jobs()) and time.time() < deadline:
+        time.sleep(1)
+    if left:
+        subprocess.run(["scancel", *(job.split()[0] for job in left)], check=False)
+        warnings.warn(f"{request.node.name} left {len(left)} job(s) on the cluster, cancelled after it: "
+                      + "; ".join(left))
 
 
 def test_demo_through_slurm_is_byte_identical_to_local(workdir, clean_demo_text):
