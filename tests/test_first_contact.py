@@ -623,3 +623,26 @@ def test_plan_of_an_unknown_stage_is_refused_naming_the_stages(toy_workdir):
     assert proc.stdout.splitlines()[-2:] == [
         " total       40          -  (4 shards)",
         "seconds -: not read (the dataset gives no durations, and this stage's sharding needs none)"], proc.stdout
+
+
+def test_a_yaml_mistake_in_the_config_is_named_by_file_line_and_column(tmp_path):
+    """A flow mapping left open in an init project's config: `snakemake -n` ends with one `snakeshard: error:` line
+    naming file, line and column, from the check the project's Snakefile makes before its `configfile:` (Snakemake's
+    own message names no line); `snakeshard status` says the same."""
+    project = tmp_path / "proj"
+    assert subprocess.run([CONSOLE_SCRIPT, "init", str(project)], capture_output=True).returncode == 0
+    config = project / "config/config.yaml"
+    lines = config.read_text().splitlines()
+    at = next(n for n, line in enumerate(lines) if "provider_config: {floor_db: -80}" in line)
+    lines[at] = lines[at].replace("{floor_db: -80}", "{floor_db: -80")
+    config.write_text("\n".join(lines) + "\n")
+    column = lines[at + 1].index(lines[at + 1].strip()) + 1  # the next key, where PyYAML sees the mapping unclosed
+    want = (f"snakeshard: error: config/config.yaml:{at + 2}:{column}: not valid YAML: expected ',' or '}}', but got "
+            f"'<scalar>' (while parsing a flow mapping that starts at line {at + 1})")
+    dry = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "profiles/local", "-n"], cwd=project,
+                         capture_output=True, text=True)
+    assert dry.returncode == 1
+    assert want in dry.stderr.splitlines(), dry.stderr
+    assert "Traceback" not in dry.stderr and "WorkflowError" not in dry.stderr
+    status = subprocess.run([CONSOLE_SCRIPT, "status"], cwd=project, capture_output=True, text=True)
+    assert status.returncode == 1 and want in status.stderr.splitlines(), status.stderr

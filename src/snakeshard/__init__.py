@@ -22,6 +22,10 @@ def __getattr__(name: str):
         from snakeshard.resources import snakefile
 
         return snakefile
+    if name == "check_config_file":  # the project Snakefile's first call: PyYAML on use
+        from snakeshard.workflow.config_file import check_config_file
+
+        return check_config_file
     if name == "load_dataset":  # the datasets' readers (json, numpy on use): a provider's, not every job's
         from snakeshard.core.data import load_dataset
 
@@ -30,4 +34,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["Audio", "BaseRunner", "EnvironmentProvider", "InferenceProvider", "SnakeshardError", "__version__",
-           "load_dataset", "snakefile"]
+           "check_config_file", "load_dataset", "snakefile"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from snakeshard.errors import ConfigError
+from snakeshard.errors import ERROR_PREFIX, ConfigError
 
 
 def load_config(path: str | os.PathLike) -> dict:
@@ -18,9 +18,37 @@ def load_config(path: str | os.PathLike) -> dict:
     except FileNotFoundError:
         raise ConfigError(f"config file {path} not found") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        raise ConfigError(yaml_error_message(path, e)) from None
     check_duplicate_keys([path])
     return config
+
+
+def check_config_file(path: str | os.PathLike) -> None:
+    """For a project's Snakefile, before its ``configfile:`` line: a YAML syntax error ends the run with one
+    ``snakeshard: error:`` line naming file, line and column, where Snakemake's own message names neither (a user
+    trial). A missing file is left to Snakemake, whose message names it."""
+    if not os.path.isfile(path):
+        return
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            yaml.safe_load(f)  # as load_config reads it, so `snakeshard status` words its error the same
+    except yaml.YAMLError as e:
+        print(ERROR_PREFIX + yaml_error_message(path, e), file=sys.stderr, flush=True)
+        raise SystemExit(1) from None  # what Snakemake passes on without a traceback
+
+
+def yaml_error_message(path: str | os.PathLike, error) -> str:
+    """PyYAML's error (four lines: context, its place, problem, its place) as ``path:line:column: problem (context
+    at line N)``, the form compilers and linters use."""
+    mark = getattr(error, "problem_mark", None)
+    if mark is None or not getattr(error, "problem", None):
+        return f"config file {path} is not valid YAML: {error}"
+    context = ""
+    if getattr(error, "context", None) and error.context_mark is not None:
+        context = f" ({error.context} that starts at line {error.context_mark.line + 1})"
+    return f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {error.problem}{context}"
 
 
 def check_duplicate_keys(paths) -> None:
