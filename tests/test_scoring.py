@@ -272,19 +272,25 @@ def test_an_empty_reference_is_scored_as_jiwer_does_and_said(tmp_path):
 
 
 @pytest.mark.parametrize("provider_config, message", [
-    ({"normalize": None}, "provider_config.normalize: a list of text transforms"),
-    ({"metrics": ["bleu"]}, "provider_config.metrics: unknown metric 'bleu'"),
-    ({"normalize": ["lowercase", "stem"]}, "provider_config.normalize: unknown text transform 'stem'"),
-    ({"weights": 2}, "provider_config: 'weights' is not a key that snakeshard.stages.ScoringProvider takes (metrics, "),
+    ({"normalize": None}, "stages.score.provider_config.normalize: a list of text transforms"),
+    ({"metrics": ["bleu"]}, "stages.score.provider_config.metrics: unknown metric 'bleu'; known: wer, cer,"),
+    ({"metrics": ["wr"]}, "stages.score.provider_config.metrics: unknown metric 'wr' (did you mean 'wer'?); known:"),
+    ({"metrics": "wer"}, "stages.score.provider_config.metrics: a list of metrics to compute (wer, cer,"),
+    ({"normalize": ["lowercase", "stem"]}, "stages.score.provider_config.normalize: unknown text transform 'stem'"),
+    ({"metrics": ["eer"], "p_target": "1%"},
+     "stages.score.provider_config.p_target: a number (default 0.01), got '1%'"),
+    ({"weights": 2},
+     "stages.score.provider_config: 'weights' is not a key that snakeshard.stages.ScoringProvider takes (metrics, "),
 ])
 def test_config_errors_name_the_key(tmp_path, provider_config, message):
-    """A bad provider_config fails before any shard (an unknown key at parse, a bad value in the canary), naming
-    the key."""
+    """A bad provider_config of the scoring stage, a misspelt metric as much as an unknown key, ends the parse
+    naming the key: no job starts, not even the canary (before, bad values were found by the canary's job)."""
     wd = jsonl_project(tmp_path, [{"key": f"k{i}", "spk": "a", "ref": "a", "hyp": "a"} for i in range(4)],
                        **provider_config)
     run = run_snakemake(wd, "--config", "canary=2")
-    assert run.returncode != 0 and message in run.stdout + run.stderr
-    assert not list((wd / "results/score/scored").glob("split.*/done"))
+    assert run.returncode != 0 and f"snakeshard: error: {message}" in run.stdout + run.stderr, run.stderr[-2000:]
+    assert "rule canary_score" not in run.stdout + run.stderr
+    assert not (wd / "results/score/_canary").exists() and not list((wd / "results/score/scored").glob("split.*"))
 
 
 def test_normalization_must_be_explicit_for_wer():

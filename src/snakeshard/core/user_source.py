@@ -126,6 +126,18 @@ def provider_config_keys(path: str, where: str) -> tuple[str, ...] | None:
     return tuple(keys)
 
 
+def builtin_config_check(path: str, where: str):
+    """The ``check_config(provider_config, where)`` of a provider of snakeshard's own stages (``snakeshard.stages``),
+    which refuses bad values at parse as the canary would (a misspelt metric); None for a user's provider (the parse
+    imports no user module) and for a built-in one that defines none (read from its source: no import for it)."""
+    module, attr, _ = _locate(path, where)
+    if not module.startswith("snakeshard.stages.") or not defines_method(path, "check_config", where):
+        return None
+    import importlib
+
+    return getattr(importlib.import_module(module), attr).check_config
+
+
 COLLECT_STATS_RUNNER = "snakeshard.stages.collect_stats.CollectStatsRunner"
 
 

@@ -43,15 +43,20 @@ class TextNormalization:
     def __init__(self, names, where: str = "normalize"):
         import jiwer
 
+        self.check(names, where)
+        self.names = list(names)
+        self._steps = [_remove_punctuation if n == "remove_punctuation" else getattr(jiwer, TRANSFORMS[n])().process_string
+                       for n in self.names]
+
+    @staticmethod
+    def check(names, where: str = "normalize") -> None:
+        """Refuse what is not a list of known transform names (without importing jiwer: the parse calls it)."""
         if not isinstance(names, (list, tuple)):
             raise ConfigError(f"{where}: a list of text transforms ({', '.join(TRANSFORMS)}), or [] for none; "
                               f"got {names!r}")
         unknown = [n for n in names if n not in TRANSFORMS]
         if unknown:
             raise ConfigError(f"{where}: unknown text transform {unknown[0]!r} (known: {', '.join(TRANSFORMS)})")
-        self.names = list(names)
-        self._steps = [_remove_punctuation if n == "remove_punctuation" else getattr(jiwer, TRANSFORMS[n])().process_string
-                       for n in self.names]
 
     def __call__(self, text: str) -> str:
         for step in self._steps:

@@ -22,6 +22,7 @@ The merge writes ``metrics.json`` (values, sufficient statistics, what was score
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 
@@ -39,23 +40,15 @@ ADDITIVE = {"wer": WordErrorRate, "cer": CharacterErrorRate, "classification": C
 STATE_FILE = "metric_state.json"
 METRICS_JSON, METRICS_TXT, METRICS_PNG = "metrics.json", "metrics.txt", "metrics.png"
 WHERE = "stages.<stage>.provider_config"
+DCF_DEFAULTS = {"p_target": 0.01, "c_miss": 1.0, "c_fa": 1.0}  # min_dcf's target prior and costs
 
 
 class Scoring:
     """What a scoring stage measures, from its ``provider_config`` (validated, errors name the key)."""
 
-    def __init__(self, config: dict):
-        unknown = sorted(set(config) - {*ScoringProvider.config_keys, "dataset", "devices"})
-        if unknown:  # in process (the parse refuses these in a workflow)
-            raise ConfigError(f"{WHERE}.{unknown[0]}: not a scoring option ({', '.join(ScoringProvider.config_keys)})")
-        metrics = config.get("metrics")
-        known = (*ADDITIVE_METRICS, *SCORE_METRICS)
-        if not metrics or not isinstance(metrics, list):
-            raise ConfigError(f"{WHERE}.metrics: a list of metrics to compute ({', '.join(known)})")
-        bad = [m for m in metrics if m not in known]
-        if bad:
-            raise ConfigError(f"{WHERE}.metrics: unknown metric {bad[0]!r} (known: {', '.join(known)})")
-        self.metrics = list(dict.fromkeys(metrics))
+    def __init__(self, config: dict, where: str = WHERE):
+        self.check(config, where)
+        self.metrics = list(dict.fromkeys(config["metrics"]))
         # what forward does per key, decided once
         self.text_metrics = [m for m in self.metrics if m in TEXT_METRICS]
         self.scores = any(m in SCORE_METRICS for m in self.metrics)
@@ -65,13 +58,35 @@ class Scoring:
         self.group_by = config.get("group_by")
         self.normalize = None
         if self.text_metrics:
+            self.normalize = TextNormalization(config["normalize"], f"{where}.normalize")
+        self.dcf = {k: float(config.get(k, default)) for k, default in DCF_DEFAULTS.items()}
+
+    @staticmethod
+    def check(config: dict, where: str = WHERE) -> None:
+        """Refuse a provider_config that names no metric, an unknown one, text metrics without a normalization or
+        an unknown transform, or a cost that is no number; errors name ``where``'s key. Imports nothing: the parse
+        calls it (``ScoringProvider.check_config``), so that `snakemake -n` says it rather than the canary."""
+        unknown = sorted(set(config) - {*ScoringProvider.config_keys, "dataset", "devices"})
+        if unknown:  # in process (the parse refuses these in a workflow)
+            raise ConfigError(f"{where}.{unknown[0]}: not a scoring option ({', '.join(ScoringProvider.config_keys)})")
+        metrics = config.get("metrics")
+        known = (*ADDITIVE_METRICS, *SCORE_METRICS)
+        if not metrics or not isinstance(metrics, list):
+            raise ConfigError(f"{where}.metrics: a list of metrics to compute ({', '.join(known)})")
+        bad = [m for m in metrics if m not in known]
+        if bad:
+            close = difflib.get_close_matches(str(bad[0]), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{where}.metrics: unknown metric {bad[0]!r}{hint}; known: {', '.join(known)}")
+        if any(m in TEXT_METRICS for m in metrics):
             if "normalize" not in config:
-                raise ConfigError(f"{WHERE}.normalize: wer and cer need an explicit text normalization: a list of "
+                raise ConfigError(f"{where}.normalize: wer and cer need an explicit text normalization: a list of "
                                   "jiwer transforms (e.g. [lowercase, remove_punctuation]), or [] to score the "
                                   "text as written")
-            self.normalize = TextNormalization(config["normalize"], f"{WHERE}.normalize")
-        self.dcf = {k: float(config.get(k, default)) for k, default in (("p_target", 0.01), ("c_miss", 1.0),
-                                                                         ("c_fa", 1.0))}
+            TextNormalization.check(config["normalize"], f"{where}.normalize")
+        for key in DCF_DEFAULTS:
+            if key in config and (isinstance(config[key], bool) or not isinstance(config[key], (int, float))):
+                raise ConfigError(f"{where}.{key}: a number (default {DCF_DEFAULTS[key]}), got {config[key]!r}")
 
     def describe(self) -> dict:
         """The part recorded in every state file and in metrics.json."""
@@ -89,6 +104,10 @@ class ScoringProvider(InferenceProvider):
     """The dataset (chained or not) and the ``Scoring`` its provider_config describes."""
 
     config_keys = ("metrics", "hypothesis", "reference", "normalize", "group_by", "p_target", "c_miss", "c_fa")
+
+    @staticmethod
+    def check_config(config: dict, where: str) -> None:
+        Scoring.check(config, where)
 
     def build_env(self) -> dict:
         from snakeshard.core.data import load_dataset

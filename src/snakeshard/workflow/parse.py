@@ -20,9 +20,9 @@ from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, inputs_d
 from snakeshard.core.plan import (AUTO, DEFAULT_SHARDING, ensure_plan, overlapping_shards, read_audio_files,
                                   shards_per_job)
 from snakeshard.core.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys, shard_job_files
-from snakeshard.core.user_source import (check_import_path, check_module_imports, check_runner_source,
-                                         provider_config_keys, provider_merge_options, runner_default_sharding,
-                                         source_digest)
+from snakeshard.core.user_source import (builtin_config_check, check_import_path, check_module_imports,
+                                         check_runner_source, provider_config_keys, provider_merge_options,
+                                         runner_default_sharding, source_digest)
 from snakeshard.errors import ERROR_PREFIX, ConfigError, DataError, SnakeshardError
 from snakeshard.io.atomic import write_if_changed
 from snakeshard.io.writers import check_outputs_config
@@ -138,6 +138,9 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
             raise ConfigError(f"stages.{name}.provider_config.{reserved[0]}: this key is set by snakeshard "
                               "(the dataset spec / the job's devices); rename it")
         check_provider_config_keys(stage, f"stages.{name}")
+        check = builtin_config_check(stage["provider"], f"stages.{name}.provider")
+        if check is not None:
+            check(stage.get("provider_config") or {}, f"stages.{name}.provider_config")
         for role in ("provider", "runner"):
             where = f"stages.{name}.{role}"
             source = check_import_path(stage[role], where)
