@@ -243,7 +243,9 @@ def test_kill_9_sigterm_and_a_corrupt_latest_pt_end_with_an_uninterrupted_runs_r
     assert killed.returncode != 0 and "Error in rule train_train" in killed.stdout
     assert not (wd / TRAINED / "done").exists() and not (wd / TRAINED / "model.pt").exists()
     status = run_cli(wd, "status").stdout
-    assert "stage train (training), dataset feats_train: interrupted  " in status and "snakemake resumes from it" in status
+    assert re.search(r"^stage train \(training\), dataset feats_train: interrupted  \d+ steps logged, newest "
+                     r"checkpoint at step (\d+); the next run resumes from \S+/checkpoints/latest\.pt \(step \1\)$",
+                     status, re.M), status
     stopped = interrupt_at(wd, max(second, steps_done(wd) + 2), signal.SIGTERM)
     assert stopped.returncode != 0
     log = (wd / TRAINED / "logs/train.log").read_text()
@@ -342,8 +344,11 @@ def test_an_unfinished_run_whose_config_changed_is_refused_naming_it_and_starts_
     wd = make_project(tmp_path / "p", step_delay=0.1)
     assert interrupt_at(wd, 10, signal.SIGKILL).returncode != 0
     set_training(wd, lr=0.02)
-    assert ("resumes from it if the stage's config and data are those it started with (if not, the run is refused, "
-            "naming what changed)") in run_cli(wd, "status").stdout  # status loads no checkpoint: it cannot tell
+    # status says what the run then does (a user trial: it said the run resumes, when it was refused)
+    status = next(line for line in run_cli(wd, "status").stdout.splitlines() if "(training)" in line)
+    assert "; the next run is refused: " in status and "unfinished run's of another config or data" in status
+    assert "provider_config.lr: 0.01 -> 0.02" in status and "sets." not in status, status
+    assert f"rm -r {TRAINED}/checkpoints {TRAINED}/steps.jsonl" in status
     result = run_snakemake(wd, TRAIN_TARGET)
     assert result.returncode != 0
     line = next(line for line in result.stdout.splitlines() + result.stderr.splitlines()

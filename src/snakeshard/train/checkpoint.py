@@ -80,6 +80,10 @@ class CheckpointManager:
         """The newest readable checkpoint and its path: ``latest.pt``, else history newest first (warning
         about each unreadable one); None when there is none at all. Raises when files exist but none reads."""
         self.remove_temps()
+        return self.read_newest()
+
+    def read_newest(self) -> tuple[dict, Path] | None:
+        """``load_latest`` without its cleaning of a killed save's temp files (``snakeshard status`` reads)."""
         candidates = ([self.latest] if self.latest.exists() else []) + self.history_files()
         failed: list[tuple[Path, str]] = []
         for path in candidates:

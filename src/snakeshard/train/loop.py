@@ -456,22 +456,61 @@ def _another_runs(ck: dict, path: Path, cfg: dict, fingerprint: str, inputs: dic
                   log_path: Path) -> bool:
     """Whether checkpoint ``ck`` (at ``path``) is another config's or data's: a finished run's is removed and training
     starts over (True); an unfinished run's is refused, naming what differs and the rm -r that starts over."""
-    # keys a checkpoint from before they existed lacks: what they meant then
-    old = {"ranks": ck.get("world_size", 1), **ck.get("config", {})}
-    diff = config_diff(old, cfg) + config_diff(ck.get("inputs") or {}, inputs or {})
-    if not diff and ck.get("fingerprint") == fingerprint:
+    what = what_differs(ck, cfg, fingerprint, inputs)
+    if what is None:
         return False
-    what = (f"the config differs ({'; '.join(diff)})" if diff else
-            f"the inputs differ (fingerprint {ck.get('fingerprint')!r} in the checkpoint, {fingerprint!r} now)")
     if ck["progress"]["finished"]:
         print(f"{path}: a finished run of another config or data ({what}); training starts over", file=sys.stderr,
               flush=True)
         _start_over(ckdir, log_path)
         return True
-    raise ResumeRefused(f"{path} was written by an unfinished run of another config or data: {what}. To train with "
-                        "this config from step 0 (that run's steps are then lost), delete its checkpoints: rm -r "
-                        f"{shlex.quote(str(ckdir))} {shlex.quote(str(log_path))}; to resume that run instead, go back "
-                        "to its config and data")
+    raise ResumeRefused(f"{path} was written by an unfinished run of another config or data: {what}. "
+                        + _refusal_fix(ckdir, log_path))
+
+
+def what_differs(ck: dict, cfg: dict, fingerprint: str, inputs: dict | None) -> str | None:
+    """None when checkpoint ``ck`` was written under this config and data, else what differs, key by key."""
+    # keys a checkpoint from before they existed lacks: what they meant then
+    old = {"ranks": ck.get("world_size", 1), **ck.get("config", {})}
+    diff = config_diff(old, cfg) + config_diff(ck.get("inputs") or {}, inputs or {})
+    if not diff and ck.get("fingerprint") == fingerprint:
+        return None
+    return (f"the config differs ({'; '.join(diff)})" if diff else
+            f"the inputs differ (fingerprint {ck.get('fingerprint')!r} in the checkpoint, {fingerprint!r} now)")
+
+
+def _refusal_fix(ckdir: Path, log_path: Path) -> str:
+    return ("To train with this config from step 0 (that run's steps are then lost), delete its checkpoints: rm -r "
+            f"{shlex.quote(str(ckdir))} {shlex.quote(str(log_path))}; to resume that run instead, go back to its "
+            "config and data")
+
+
+def next_run(run_dir: str | os.PathLike, config: dict, fingerprint: str, inputs: dict | None,
+             continues: dict[str, str]) -> str:
+    """What the next run of a training interrupted in ``run_dir`` does with its newest checkpoint, for ``snakeshard
+    status``: the decision ``train`` makes (resume, start over, refuse), without its effects. Loads the checkpoint
+    (torch: a second or two), so only for an interrupted stage."""
+    cfg = _config(config)
+    if cfg["ranks"] is None:  # as train() sets it in a job of one process
+        cfg["ranks"] = 1
+    run_dir = Path(run_dir)
+    ckdir, log_path = run_dir / "checkpoints", run_dir / "steps.jsonl"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CheckpointWarning)  # an unreadable latest.pt: the next newest is named
+            loaded = CheckpointManager(ckdir).read_newest()
+    except SnakeshardError as e:
+        return f"fails: {e}"
+    if loaded is None:
+        return "starts at step 0 (no checkpoint)"
+    ck, path = loaded
+    what = None if ck.get("fingerprint") in continues else what_differs(ck, cfg, fingerprint, inputs)
+    if what is None:
+        return f"resumes from {path} (step {ck['progress']['step']})"
+    if ck["progress"]["finished"]:
+        return f"starts over: {path} is a finished run's of another config or data ({what})"
+    return (f"is refused: {path} is an unfinished run's of another config or data: {what}. "
+            + _refusal_fix(ckdir, log_path))
 
 
 def _merged(states: list[dict]):

@@ -301,9 +301,19 @@ def training_state(training: dict) -> tuple[str, str]:
     if done is not None:
         return "stale", "trained with another config or data; snakemake trains again" + (f" ({where})" if steps else "")
     if steps:
-        return "interrupted", (f"{where}; snakemake resumes from it if the stage's config and data are those it "
-                               "started with (if not, the run is refused, naming what changed)")
+        return "interrupted", f"{where}; the next run {next_run_of(training)}"
     return "pending", ""
+
+
+def next_run_of(training: dict) -> str:
+    """What the next run does with an interrupted training's newest checkpoint under the stage's config now (its
+    spec, which status's parse wrote): the training job's own decision (a user trial: status said it resumes
+    while the config had changed, and the run was refused)."""
+    from snakeshard.core.fingerprint import result_inputs
+    from snakeshard.train.loop import next_run
+
+    spec = read_spec(training["spec"])
+    return next_run(training["dir"], spec["loop"], spec["fingerprint"], result_inputs(spec), continued_configs(spec))
 
 
 def lock_holder(run_dir: Path) -> str | None:
