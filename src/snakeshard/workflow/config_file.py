@@ -41,7 +41,7 @@ def check_config_file(path: str | os.PathLike) -> None:
 
 def yaml_error_message(path: str | os.PathLike, error) -> str:
     """PyYAML's error (four lines: context, its place, problem, its place) as ``path:line:column: problem (context
-    at line N)``, the form compilers and linters use."""
+    that starts at line N)``, the form compilers and linters use."""
     mark = getattr(error, "problem_mark", None)
     if mark is None or not getattr(error, "problem", None):
         return f"config file {path} is not valid YAML: {error}"
