@@ -31,12 +31,16 @@ def check_config_file(path: str | os.PathLike) -> None:
         return
     import yaml
 
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
     try:
-        with open(path, encoding="utf-8") as f:
-            yaml.safe_load(f)  # as load_config reads it, so `snakeshard status` words its error the same
-    except yaml.YAMLError as e:
-        print(ERROR_PREFIX + yaml_error_message(path, e), file=sys.stderr, flush=True)
-        raise SystemExit(1) from None  # what Snakemake passes on without a traceback
+        yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # 1 ms, not 8, in every SLURM job
+    except yaml.YAMLError:
+        try:
+            yaml.safe_load(text)  # as load_config reads it, so that `snakeshard status` words the error the same
+        except yaml.YAMLError as e:
+            print(ERROR_PREFIX + yaml_error_message(path, e), file=sys.stderr, flush=True)
+            raise SystemExit(1) from None  # what Snakemake passes on without a traceback
 
 
 def yaml_error_message(path: str | os.PathLike, error) -> str:
