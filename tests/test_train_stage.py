@@ -346,7 +346,7 @@ def test_an_unfinished_run_whose_config_changed_is_refused_naming_it_and_starts_
     set_training(wd, lr=0.02)
     # status says what the run then does (a user trial: it said the run resumes, when it was refused)
     status = next(line for line in run_cli(wd, "status").stdout.splitlines() if "(training)" in line)
-    assert "; the next run is refused: " in status and "unfinished run's of another config or data" in status
+    assert "; the next run is refused: " in status and "was written by an unfinished run of another config" in status
     assert "provider_config.lr: 0.01 -> 0.02" in status and "sets." not in status, status
     assert f"rm -r {TRAINED}/checkpoints {TRAINED}/steps.jsonl" in status
     result = run_snakemake(wd, TRAIN_TARGET)
@@ -356,10 +356,22 @@ def test_an_unfinished_run_whose_config_changed_is_refused_naming_it_and_starts_
     assert "unfinished run of another config or data" in line and "provider_config.lr: 0.01 -> 0.02" in line
     assert "sets." not in line and "code." not in line  # the data and the code did not change: not named
     assert f"rm -r {TRAINED}/checkpoints {TRAINED}/steps.jsonl" in line
+    # the refusal's way back: the old config resumes, and status says so (a user trial: it said "failed", with the
+    # refusal's rm -r, after the config was back)
+    set_training(wd, lr=0.01)
+    status = next(line for line in run_cli(wd, "status").stdout.splitlines() if "(training)" in line)
+    assert re.search(r": interrupted  .*; the next run resumes from \S+/checkpoints/latest\.pt \(step \d+\)$",
+                     status), status
+    set_training(wd, lr=0.02)
     subprocess.run(["rm", "-r", f"{TRAINED}/checkpoints", f"{TRAINED}/steps.jsonl"], cwd=wd, check=True)
     result = run_snakemake(wd, TRAIN_TARGET)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from" not in (wd / TRAINED / "logs/train.log").read_text()
+    # a finished training whose config changed since: status names the change, from its finished checkpoint
+    set_training(wd, lr=0.03)
+    status = next(line for line in run_cli(wd, "status").stdout.splitlines() if "(training)" in line)
+    assert (": stale  trained with another config or data (the config differs (provider_config.lr: 0.02 -> 0.03)); "
+            "snakemake trains again (") in status, status
 
 
 def test_the_training_spec_keeps_data_code_and_config_apart_so_a_refused_resume_names_the_one_that_changed(

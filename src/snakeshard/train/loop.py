@@ -464,8 +464,7 @@ def _another_runs(ck: dict, path: Path, cfg: dict, fingerprint: str, inputs: dic
               flush=True)
         _start_over(ckdir, log_path)
         return True
-    raise ResumeRefused(f"{path} was written by an unfinished run of another config or data: {what}. "
-                        + _refusal_fix(ckdir, log_path))
+    raise ResumeRefused(f"{path} {REFUSED}: {what}. " + _refusal_fix(ckdir, log_path))
 
 
 def what_differs(ck: dict, cfg: dict, fingerprint: str, inputs: dict | None) -> str | None:
@@ -485,11 +484,23 @@ def _refusal_fix(ckdir: Path, log_path: Path) -> str:
             "config and data")
 
 
+REFUSED = "was written by an unfinished run of another config or data"  # in the refusal, which status looks for
+
+
+@dataclass
+class NextRun:
+    """What the next run of a training does with the newest checkpoint in its dir (``next_run``)."""
+
+    decision: str             # "resumes", "starts over" (a finished run's of other inputs), "refused", "starts"
+    sentence: str             # the decision as status says it, after "the next run "
+    differs: str | None = None  # what differs from the checkpoint's config and data, for "starts over", "refused"
+
+
 def next_run(run_dir: str | os.PathLike, config: dict, fingerprint: str, inputs: dict | None,
-             continues: dict[str, str]) -> str:
-    """What the next run of a training interrupted in ``run_dir`` does with its newest checkpoint, for ``snakeshard
-    status``: the decision ``train`` makes (resume, start over, refuse), without its effects. Loads the checkpoint
-    (torch: a second or two), so only for an interrupted stage."""
+             continues: dict[str, str]) -> NextRun:
+    """For ``snakeshard status``: the decision ``train`` makes on ``run_dir``'s newest checkpoint (resume, start
+    over, refuse), without its effects. Loads the checkpoint (torch: a second or two), so status asks only for an
+    interrupted or stale stage."""
     cfg = _config(config)
     if cfg["ranks"] is None:  # as train() sets it in a job of one process
         cfg["ranks"] = 1
@@ -500,17 +511,17 @@ def next_run(run_dir: str | os.PathLike, config: dict, fingerprint: str, inputs:
             warnings.simplefilter("ignore", CheckpointWarning)  # an unreadable latest.pt: the next newest is named
             loaded = CheckpointManager(ckdir).read_newest()
     except SnakeshardError as e:
-        return f"fails: {e}"
+        return NextRun("refused", f"fails: {e}")
     if loaded is None:
-        return "starts at step 0 (no checkpoint)"
+        return NextRun("starts", "starts at step 0 (no checkpoint)")
     ck, path = loaded
     what = None if ck.get("fingerprint") in continues else what_differs(ck, cfg, fingerprint, inputs)
     if what is None:
-        return f"resumes from {path} (step {ck['progress']['step']})"
+        return NextRun("resumes", f"resumes from {path} (step {ck['progress']['step']})")
     if ck["progress"]["finished"]:
-        return f"starts over: {path} is a finished run's of another config or data ({what})"
-    return (f"is refused: {path} is an unfinished run's of another config or data: {what}. "
-            + _refusal_fix(ckdir, log_path))
+        return NextRun("starts over", f"starts over: {path} is a finished run's of another config or data ({what})",
+                       what)
+    return NextRun("refused", f"is refused: {path} {REFUSED}: {what}. " + _refusal_fix(ckdir, log_path), what)
 
 
 def _merged(states: list[dict]):

@@ -293,22 +293,29 @@ def training_state(training: dict) -> tuple[str, str]:
     holder = lock_holder(run_dir)
     if holder:
         return "running", f"{where} (pid {holder} holds {run_dir / LOCK})"
+    from snakeshard.train.loop import REFUSED
+
     log = run_dir / "logs/train.log"
     errors = [line for line in log.read_text(errors="replace").splitlines()
               if line.startswith("snakeshard: error:")] if log.exists() else []
-    if errors:
+    # A refused resume is no failure once the config is back to the checkpoint's (a user trial: status still said
+    # "failed" with the rm -r of the refusal): what the next run does is said below, from the checkpoint.
+    if errors and REFUSED not in errors[-1]:
         return "failed", f"{where} (log {log}): {errors[-1]}"
     if done is not None:
-        return "stale", "trained with another config or data; snakemake trains again" + (f" ({where})" if steps else "")
+        after = next_run_of(training) if steps else None
+        what = f" ({after.differs})" if after is not None and after.differs else ""
+        return "stale", f"trained with another config or data{what}; snakemake trains again" + (
+            f" ({where})" if steps else "")
     if steps:
-        return "interrupted", f"{where}; the next run {next_run_of(training)}"
+        return "interrupted", f"{where}; the next run {next_run_of(training).sentence}"
     return "pending", ""
 
 
-def next_run_of(training: dict) -> str:
-    """What the next run does with an interrupted training's newest checkpoint under the stage's config now (its
-    spec, which status's parse wrote): the training job's own decision (a user trial: status said it resumes
-    while the config had changed, and the run was refused)."""
+def next_run_of(training: dict):
+    """What the next run does with the training's newest checkpoint under the stage's config now (its spec, which
+    status's parse wrote): the training job's own decision (a user trial: status said it resumes while the config
+    had changed, and the run was refused)."""
     from snakeshard.core.fingerprint import result_inputs
     from snakeshard.train.loop import next_run
 
