@@ -191,6 +191,11 @@ def test_lock_of_a_killed_driver_is_named_with_the_command_that_clears_it(toy_wo
 
     running = [n for n in range(4) if shard_process(toy_workdir, n)]  # orphans now: they finish their shards
     wait_for(lambda: not any(shard_process(toy_workdir, n) for n in range(4)), 60, "orphaned shards to end")
+    status = run_cli(toy_workdir, "status").stdout.splitlines()  # a trial: it said nothing of the lock
+    assert status[-1] == ("note: .snakemake/locks holds a lock from an earlier snakemake run, and no snakemake runs "
+                          "in this directory on this machine (a driver killed with kill -9 leaves its lock): the next "
+                          "run stops with Snakemake's LockException. If none runs here on another machine either: "
+                          f"{UNLOCK.strip()}"), status
     for wrapper in ([], ["timeout", "120"]):
         locked = subprocess.run([*wrapper, sys.executable, "-m", "snakemake", "--profile", "config/profiles/local",
                                  "--cores", "2"], cwd=toy_workdir, capture_output=True, text=True, timeout=300)
@@ -203,6 +208,7 @@ def test_lock_of_a_killed_driver_is_named_with_the_command_that_clears_it(toy_wo
                             text=True, timeout=300)
     assert unlock.returncode == 0, unlock.stderr[-2000:]
     assert LOCK_NOTE not in unlock.stderr  # the unlocking run itself says nothing of it
+    assert "note: .snakemake/locks" not in run_cli(toy_workdir, "status").stdout
 
     # docs/failures-and-reruns.md: the shards the orphans finished are kept by clearing Snakemake's marks (it marked
     # them incomplete when their jobs started). Snakemake 9.27 says it failed for a file whose only record is that

@@ -256,7 +256,7 @@ def snakemake_command() -> str:
 def cmd_status(args) -> int:
     from snakeshard.core.plan import shards_text
     from snakeshard.train.stage import training_state
-    from snakeshard.workflow.parse import stage_sets
+    from snakeshard.workflow.parse import dead_run_lock, stage_sets
 
     wf = _workflow(args.config)
     trainings = {stage: training_state(training) for stage, training in wf.trainings.items()}
@@ -305,6 +305,11 @@ def cmd_status(args) -> int:
         counts[state] = counts.get(state, 0) + 1
         print(f"stage {stage} (training), dataset {wf.config['stages'][stage]['train']}: {state}  {detail}".rstrip())
     print("summary: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    if dead_run_lock(os.getcwd(), os.getpid()):  # a trial: status said the run resumes, and it stopped on the lock
+        print("note: .snakemake/locks holds a lock from an earlier snakemake run, and no snakemake runs in this "
+              "directory on this machine (a driver killed with kill -9 leaves its lock): the next run stops with "
+              f"Snakemake's LockException. If none runs here on another machine either: {snakemake_command()} "
+              "--unlock")
     return 0
 
 

@@ -297,14 +297,7 @@ def stale_lock_note(directory: str, argv: list[str], pid: int) -> str | None:
     holds them, so which run left them cannot be known: only that no snakemake runs here now. A snakemake in the
     same directory on another machine (a shared filesystem) is not seen, and the note says so.
     """
-    locks = os.path.join(directory, ".snakemake", "locks")
-    try:
-        if "--unlock" in argv or not any(name.endswith(".lock") for name in os.listdir(locks)):
-            return None
-    except OSError:  # no lock dir
-        return None
-    others = snakemake_processes_in(directory, pid)
-    if others is None or others:
+    if "--unlock" in argv or not dead_run_lock(directory, pid):
         return None
     import shlex
 
@@ -313,6 +306,18 @@ def stale_lock_note(directory: str, argv: list[str], pid: int) -> str | None:
             "directory on this machine (a driver killed with kill -9 leaves its lock). If snakemake stops below with a "
             "LockException and none runs here on another machine either, clear the lock, then run again:\n"
             f"    {command}")
+
+
+def dead_run_lock(directory: str, pid: int) -> bool:
+    """Whether ``directory``/.snakemake/locks holds lock files while no snakemake process runs in ``directory`` on
+    this machine (``pid`` and its parents aside): most likely a dead driver's (see stale_lock_note)."""
+    locks = os.path.join(directory, ".snakemake", "locks")
+    try:
+        if not any(name.endswith(".lock") for name in os.listdir(locks)):
+            return False
+    except OSError:  # no lock dir
+        return False
+    return snakemake_processes_in(directory, pid) == []
 
 
 def _profile_of(argv: list[str]) -> list[str]:
