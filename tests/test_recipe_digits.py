@@ -150,11 +150,12 @@ def test_the_readme_block_from_nothing_to_a_scored_model_then_a_second_run_does_
 
 def test_status_and_plan_read_the_recipe_config_leaving_its_own_fsdd_key_out(reference):
     """The recipe's config keeps `fsdd:` for its Snakefile's data prep (which hands the module the rest); status and
-    plan read the config file themselves, and refused it (a user trial: `'fsdd' was unexpected`)."""
+    plan read the config file themselves, and refused it (a user trial: `'fsdd' was unexpected`); then noted it at
+    every call (another trial): only a key close to one of snakeshard's is noted, as maybe misspelt."""
     for command in ("status", "plan"):
         proc = run_cli(reference["wd"], command)
         assert proc.returncode == 0, proc.stderr
-        assert proc.stderr.startswith("note: config/config.yaml: 'fsdd' left out: not snakeshard's"), proc.stderr
+        assert "note:" not in proc.stderr, proc.stderr
     status = run_cli(reference["wd"], "status").stdout
     assert "merged: yes, current" in status and not re.search(r"merged: (no|stale)|interrupted|failed", status), status
 

@@ -88,17 +88,22 @@ def check_duplicate_keys(paths) -> None:
 def without_project_keys(config: dict, path: str | os.PathLike) -> dict:
     """``config`` less the top-level keys snakeshard's schema does not define, for the commands that read a project's
     config file themselves (``snakeshard status``, ``plan``). A project's Snakefile may keep keys of its own there
-    for its own rules and hand the module the rest (the digits recipe's ``fsdd:``); a note on stderr names them,
-    since a misspelt key of snakeshard's is left out the same way (snakemake's parse refuses it)."""
+    for its own rules and hand the module the rest (the digits recipe's ``fsdd:``). A key close to one of
+    snakeshard's is left out the same way, and may be a misspelt one (snakemake's parse refuses it): a note on
+    stderr names it with the key it is close to. Others go without a word (a trial: the recipe's own ``fsdd:``
+    was noted at every `snakeshard plan`)."""
+    import difflib
+
     from snakeshard.resources import load_schema
 
     if not isinstance(config, dict):  # validate_config names what it is
         return config
     known = load_schema()["properties"]
-    own = [key for key in config if key not in known]
-    if own:
-        print(f"note: {path}: {', '.join(map(repr, own))} left out: not snakeshard's (your Snakefile's own keys; "
-              "a misspelt key is refused when snakemake parses the config)", file=sys.stderr)
+    for key in config:
+        close = [] if key in known else difflib.get_close_matches(str(key), known, n=1)
+        if close:
+            print(f"note: {path}: {key!r} left out: not snakeshard's (did you mean {close[0]!r}? a misspelt key is "
+                  "refused when snakemake parses the config)", file=sys.stderr)
     return {key: value for key, value in config.items() if key in known}
 
 
