@@ -680,3 +680,21 @@ def test_status_notes_a_top_level_key_that_looks_misspelt_and_leaves_a_projects_
         assert proc.stderr.splitlines() == [
             "note: config/config.yaml: 'outptu_dir' left out: not snakeshard's (did you mean 'output_dir'? a misspelt "
             "key is refused when snakemake parses the config)"], proc.stderr
+
+
+def test_status_and_plan_read_several_config_files_as_snakemake_configfile_does(toy_workdir):
+    """`--config` given twice: the later file overrides the keys it sets, nested ones one by one, as `snakemake
+    --configfile` does (a user trial: status of the digits recipe's held-out-speaker run could not be shown:
+    `'stages' is a required property`)."""
+    (toy_workdir / "config/other.yaml").write_text(
+        "output_dir: other\nstages:\n  upper:\n    sharding: {num_shards: 2}\n")
+    both = ["--config", "config/config.yaml", "--config", "config/other.yaml"]
+    plan = run_cli(toy_workdir, "plan", *both)
+    assert plan.returncode == 0, plan.stderr
+    assert re.search(r"^ +total +40 +- +\(2 shards\)$", plan.stdout, re.M), plan.stdout
+    status = run_cli(toy_workdir, "status", *both)
+    assert status.returncode == 0, status.stderr
+    assert "stage upper, dataset toy: 2 shards" in status.stdout and "split.2" not in status.stdout, status.stdout
+    assert (toy_workdir / "other/upper/toy/split.1/keys").is_file()  # the set lives under the later output_dir
+    alone = run_cli(toy_workdir, "status", "--config", "config/other.yaml")  # the override alone is no config
+    assert alone.returncode == 1 and "'datasets' is a required property" in alone.stderr, alone.stderr

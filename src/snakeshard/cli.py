@@ -21,11 +21,26 @@ from snakeshard.workflow.job import (CANARY, INTERRUPTED, canary_log_head, cmd_r
 __all__ = ["build_parser", "main"]  # main: the `snakeshard` script (pyproject.toml)
 
 
-def _workflow(config_path: str):
+DEFAULT_CONFIG = "config/config.yaml"
+
+
+def _config(paths: list[str]) -> dict:
+    """The project's config from ``--config`` files: each later one overrides the keys it sets, nested keys one
+    by one, as ``snakemake --configfile`` does (the digits recipe's held-out-speaker config over its config)."""
     from snakeshard.workflow.config_file import load_config, without_project_keys
+
+    config = load_config(paths[0])
+    for path in paths[1:]:
+        from snakemake.utils import update_config
+
+        update_config(config, load_config(path))
+    return without_project_keys(config, " + ".join(paths))
+
+
+def _workflow(config_paths: list[str]):
     from snakeshard.workflow.parse import Workflow, validate_config
 
-    config = without_project_keys(load_config(config_path), config_path)
+    config = _config(config_paths)
     validate_config(config)
     return Workflow(config)
 
@@ -33,14 +48,13 @@ def _workflow(config_path: str):
 def cmd_plan(args) -> int:
     from snakeshard.core.plan import format_plan_table, make_plan
     from snakeshard.errors import ConfigError
-    from snakeshard.workflow.config_file import load_config, without_project_keys
     from snakeshard.workflow.parse import naming_dataset, planned_sets, run_spec, stage_sets, validate_config
     from snakeshard.workflow.train_config import is_training
 
-    config = without_project_keys(load_config(args.config), args.config)
+    config = _config(args.config)
     validate_config(config)
     if args.stage and args.stage not in config["stages"]:
-        raise ConfigError(f"--stage {args.stage}: no such stage in {args.config} (its stages: "
+        raise ConfigError(f"--stage {args.stage}: no such stage in {' + '.join(args.config)} (its stages: "
                           f"{', '.join(config['stages'])})")
     # a training stage's sets are planned too (one shard each: its job reads every key), though not run as shards
     sets = planned_sets(config) if args.stage and is_training(config["stages"][args.stage]) else stage_sets(config)
@@ -313,14 +327,14 @@ def cmd_status(args) -> int:
     return 0
 
 
-def current_inputs(config_path: str, set_dir: Path) -> str | None:
-    """The inputs digest ``set_dir`` has under the project config at ``config_path`` now, from a parse as `status`
+def current_inputs(config_paths: list[str], set_dir: Path) -> str | None:
+    """The inputs digest ``set_dir`` has under the project config (``config_paths``) now, from a parse as `status`
     makes (the data may have changed since the last one wrote fingerprints.json); None outside such a project."""
     from snakeshard.workflow.parse import set_dir as set_dir_of
 
-    if not Path(config_path).is_file():
+    if not Path(config_paths[0]).is_file():
         return None
-    wf = _workflow(config_path)
+    wf = _workflow(config_paths)
     return next((inputs for (stage, ds), inputs in wf.inputs.items()
                  if Path(set_dir_of(wf.config, stage, ds)).resolve() == set_dir.resolve()), None)
 
@@ -384,7 +398,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     if argv is None:
         argv = sys.argv[1:]
-    return run_command(parse_job_args(argv) or build_parser().parse_args(argv))
+    args = parse_job_args(argv)
+    if args is None:
+        args = build_parser().parse_args(argv)
+        if getattr(args, "config", False) is None:  # no --config: append's default would stay in the list
+            args.config = [DEFAULT_CONFIG]
+    return run_command(args)
 
 
 def build_parser():
@@ -401,7 +420,9 @@ def build_parser():
                            help="one of the commands below; snakeshard COMMAND --help describes its options")
 
     def with_config(sp):
-        sp.add_argument("--config", default="config/config.yaml", help="workflow config (default: %(default)s)")
+        sp.add_argument("--config", action="append", metavar="FILE",
+                        help=f"workflow config (default: {DEFAULT_CONFIG}); given again, each later file overrides "
+                             "the keys it sets, as snakemake's --configfile does")
 
     sp = sub.add_parser("init", help="write a new project (Snakefile using the shipped workflow as a module, "
                                      "config, an example stage, local and SLURM profiles) into DIR")
