@@ -698,3 +698,16 @@ def test_status_and_plan_read_several_config_files_as_snakemake_configfile_does(
     assert (toy_workdir / "other/upper/toy/split.1/keys").is_file()  # the set lives under the later output_dir
     alone = run_cli(toy_workdir, "status", "--config", "config/other.yaml")  # the override alone is no config
     assert alone.returncode == 1 and "'datasets' is a required property" in alone.stderr, alone.stderr
+
+
+def test_ctrl_c_during_the_parse_ends_with_one_line_and_exit_130(capsys):
+    """Ctrl-C while the Snakefile is parsed (the plan of a big manifest, the digits recipe's data prep): one line
+    and exit status 130, not ~30 lines of traceback through snakeshard's code (a user trial)."""
+    from snakeshard.workflow.parse import exit_on_user_error
+
+    with pytest.raises(SystemExit) as stop:
+        with exit_on_user_error():
+            raise KeyboardInterrupt
+    assert stop.value.code == 130
+    assert capsys.readouterr().err == ("snakeshard: interrupted (Ctrl-C) while snakemake read the workflow; nothing "
+                                       "was run: run it again\n")

@@ -89,6 +89,10 @@ def exit_on_user_error():
     except SnakeshardError as e:
         print(ERROR_PREFIX + str(e), file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:  # Ctrl-C while the plan or a recipe's data prep runs: its files are written atomically
+        print("snakeshard: interrupted (Ctrl-C) while snakemake read the workflow; nothing was run: run it again",
+              file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
 
 
 def validate_config(config: dict, schema_path: str | os.PathLike | None = None) -> None:
