@@ -23,7 +23,7 @@ def __getattr__(name: str):
 
         return snakefile
     if name == "check_config_file":  # the project Snakefile's first call: PyYAML on use
-        from snakeshard.workflow.config_file import check_config_file
+        from snakeshard.io.yaml_file import check_config_file
 
         return check_config_file
     if name == "load_dataset":  # the datasets' readers (json, numpy on use): a provider's, not every job's
