@@ -616,3 +616,23 @@ def test_field_names_are_file_names_under_at_most_one_group_dir():
         expected = (bool(rule.fullmatch(name)) and name.split("/")[0] not in RESERVED_NAMES
                     and not re.fullmatch(r"split\.\d+", name.split("/")[0]))
         assert usable_field_name(name) is expected, name
+
+
+def test_a_merged_file_deleted_upstream_remakes_that_merge_and_status_says_the_chained_set_stays_current(tmp_path):
+    """A merged file of fbank deleted after the run: Snakemake merges fbank again from its shards, and frames, whose
+    jobs read fbank's shards (not its merge), is not made again; status says so (a user trial: it said frames was
+    made again, while snakemake -n listed fbank's merge alone)."""
+    wd = chained_project(tmp_path / "wf")
+    assert run_snakemake(wd).returncode == 0
+    frames_merged = (wd / "results/frames/demo_fbank/merged.json").stat().st_mtime_ns
+    (wd / "results/fbank/demo/utt2num_frames").unlink()
+    status = run_cli(wd, "status").stdout
+    sets = status.split("stage frames, dataset demo_fbank")
+    assert "merged: yes, current" in sets[1] and "made again" not in sets[1], status
+    dry = run_snakemake(wd, "-n")
+    assert dry.returncode == 0 and ran(dry) == [], dry.stderr[-3000:]
+    assert re.findall(r"^(?:local)?rule (merge|report):", dry.stdout, re.M) == ["merge"], dry.stdout[-3000:]
+    run = run_snakemake(wd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (wd / "results/frames/demo_fbank/merged.json").stat().st_mtime_ns == frames_merged
+    assert run_cli(wd, "status").stdout.count("merged: yes, current") == 2

@@ -237,10 +237,27 @@ def remade_because(wf, stage: str, ds: str, trainings: dict, memo: dict) -> str 
             memo[stage, ds] = f"{newer} is newer than its merged.json: a shard job ran since the merge"
         elif source and trainings[source][0] != "done":
             memo[stage, ds] = f"its model, training stage {source}, is {trainings[source][0]}"
-        elif up and (merged_state(Path(wf.out) / up[0] / up[1], wf.inputs[up]) != "yes"
-                     or remade_because(wf, *up, trainings, memo)):
+        elif up and (_upstream_rerun(wf, stage, up) or remade_because(wf, *up, trainings, memo)):
             memo[stage, ds] = f"it reads stage {up[0]}, dataset {up[1]}, which is made again"
     return memo[stage, ds]
+
+
+def _upstream_rerun(wf, stage: str, up: tuple[str, str]) -> bool:
+    """Whether Snakemake reruns what a chained set's jobs read of its upstream set ``up``: its merge, for a stage
+    that reads the whole merged output; else its shards, one of which is not current. A merge made again over
+    current shards (a merged file deleted) remakes no reader of the shards (a user trial: status said it did)."""
+    base = Path(wf.out) / up[0] / up[1]
+    merged = merged_state(base, wf.inputs[up])
+    if stage in wf.merge_readers:
+        return merged != "yes"
+    for shard, expected in zip(wf.plans[up]["shards"], wf.shard_inputs[up]):
+        n = shard["shard"]
+        state, _ = shard_state(base / f"split.{n}", Path(wf.shard_job_files(*up, n)[0]),
+                               {**expected, "stage": wf.stage_fps[up]}, n)
+        deleted = state in ("pending", "incomplete") and merged == "yes"  # not rerun under a current merge
+        if state not in ("done", "moved") and not deleted:  # a moved project's shards are not rerun either
+            return True
+    return False
 
 
 def newer_than_merge(set_dir: Path, job_outputs: list[str]) -> str | None:
