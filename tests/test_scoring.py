@@ -231,6 +231,13 @@ def test_demo_score_stage_reruns_when_the_hypotheses_change_and_only_then(tmp_pa
     rerun = run_snakemake(wd)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert scored_jobs(run_snakemake(wd, "-n")) == []
+    # a reference field the data lacks: named with the file of the records behind the asr output it scores (a user
+    # trial: "the dataset (the source dataset)")
+    config["stages"]["score"]["provider_config"]["reference"] = "txt"
+    write_config(wd, config)
+    bad = run_snakemake(wd)
+    assert bad.returncode != 0
+    assert "no reference: the dataset (data/demo) has no field 'txt' for it" in bad.stdout + bad.stderr
 
 
 def jsonl_project(tmp_path: Path, records: list[dict], **provider_config) -> Path:

@@ -511,6 +511,24 @@ def test_chained_dataset_config_errors_name_the_key(tmp_path, datasets, message)
     assert dry.returncode != 0 and re.search(message, dry.stdout + dry.stderr), dry.stdout[-2000:]
 
 
+@pytest.mark.parametrize("option, message", [
+    ({"threshold": "high"}, "stages.vad.provider_config.threshold: a speech probability between 0 and 1 (default "
+                            "0.5), got 'high'"),
+    ({"speech_pad_ms": -30}, "stages.vad.provider_config.speech_pad_ms: milliseconds, a number >= 0 (default 30), "
+                             "got -30"),
+    ({"threads": 1.5}, "stages.vad.provider_config.threads: torch threads per job, an integer >= 1"),
+])
+def test_a_bad_vad_option_is_refused_at_parse_naming_it(tmp_path, option, message):
+    """The shipped vad stage's options checked when snakemake reads the workflow (a user trial: `threshold: high`
+    passed `-n`, and the canary failed inside silero-vad with a TypeError); nothing runs."""
+    wd = copy_workflow(tmp_path / "wf")
+    config = read_config(wd)
+    config["stages"]["vad"]["provider_config"] = {**(config["stages"]["vad"].get("provider_config") or {}), **option}
+    write_config(wd, config)
+    dry = run_snakemake(wd, "-n")
+    assert dry.returncode == 1 and f"snakeshard: error: {message}" in dry.stderr, dry.stderr[-2000:]
+
+
 def test_vad_output_dir_is_a_kaldi_data_dir(tmp_path):
     """The shipped vad stage (silero-vad, padded batches by seconds): its merged output dir reads through
     snakeshard.load_dataset (wav.scp of speech-trimmed audio, no longer than the source), its segments lie

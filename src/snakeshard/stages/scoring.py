@@ -122,7 +122,10 @@ def _value(dataset, key: str, field: str, what: str) -> str:
         return dataset.load_field(key, field)
     value = dataset[key].get(field)
     if value is None:
-        place = dataset.spec.get("path") if not isinstance(dataset, StageOutputDataset) else "the source dataset"
+        spec = dataset.spec
+        while "source" in spec:  # a chained dataset: the records are its source dataset's (a trial: it said "the
+            spec = spec["source"]  # source dataset" where the docs show the file)
+        place = spec.get("path", "the source dataset")
         raise DataError(f"item {key!r}: no {what}: the dataset ({place}) has no field {field!r} for it "
                         f"({WHERE}.{what}; a Kaldi dir gives text and spk (utt2spk), JSON Lines its own fields)")
     return value

@@ -33,11 +33,27 @@ SEGMENT_OPTIONS = {"threshold": 0.5, "min_speech_duration_ms": 250, "min_silence
 class SileroVadProvider(InferenceProvider):
     config_keys = ("threshold", "min_speech_duration_ms", "min_silence_duration_ms", "speech_pad_ms", "threads")
 
+    @staticmethod
+    def check_config(config: dict, where: str = "stages.<stage>.provider_config") -> None:
+        """Each option a number in its range, refused at parse naming its key (a user trial: ``threshold: high``
+        passed the parse, and the canary failed inside silero-vad's code with a TypeError)."""
+        for key, value in config.items():
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if key == "threshold" and not (number and 0 < value < 1):
+                raise ConfigError(f"{where}.threshold: a speech probability between 0 and 1 (default 0.5), "
+                                  f"got {value!r}")
+            if key.endswith("_ms") and not (number and value >= 0):
+                raise ConfigError(f"{where}.{key}: milliseconds, a number >= 0 (default {SEGMENT_OPTIONS[key]}), "
+                                  f"got {value!r}")
+            if key == "threads" and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ConfigError(f"{where}.threads: torch threads per job, an integer >= 1 (default 1), got {value!r}")
+
     def build_env(self) -> dict:
         import torch
         from silero_vad import load_silero_vad
 
         options = {k: v for k, v in self.config.items() if k not in ("dataset", "devices", "threads")}
+        self.check_config({k: v for k, v in self.config.items() if k not in ("dataset", "devices")})
         unknown = sorted(set(options) - set(SEGMENT_OPTIONS))
         if unknown:
             raise ConfigError(f"stages.<stage>.provider_config.{unknown[0]}: not a VAD option ({sorted(SEGMENT_OPTIONS)})")
