@@ -26,6 +26,10 @@ def __getattr__(name: str):
         from snakeshard.io.yaml_file import check_config_file
 
         return check_config_file
+    if name in ("collate", "unbatch"):  # padded batches for a runner's own forward (docs/outputs.md): numpy on use
+        from snakeshard.io import batch
+
+        return getattr(batch, name)
     if name == "load_dataset":  # the datasets' readers (json, numpy on use): a provider's, not every job's
         from snakeshard.core.data import load_dataset
 
@@ -34,4 +38,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["Audio", "BaseRunner", "EnvironmentProvider", "InferenceProvider", "SnakeshardError", "__version__",
-           "check_config_file", "load_dataset", "snakefile"]
+           "check_config_file", "collate", "load_dataset", "snakefile", "unbatch"]
