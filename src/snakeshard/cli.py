@@ -246,18 +246,23 @@ def _upstream_rerun(wf, stage: str, up: tuple[str, str]) -> bool:
     """Whether Snakemake reruns what a chained set's jobs read of its upstream set ``up``: its merge, for a stage
     that reads the whole merged output; else its shards, one of which is not current. A merge made again over
     current shards (a merged file deleted) remakes no reader of the shards (a user trial: status said it did)."""
-    base = Path(wf.out) / up[0] / up[1]
-    merged = merged_state(base, wf.inputs[up])
+    merged = merged_state(Path(wf.out) / up[0] / up[1], wf.inputs[up])
     if stage in wf.merge_readers:
         return merged != "yes"
-    for shard, expected in zip(wf.plans[up]["shards"], wf.shard_inputs[up]):
+    # a done deleted under a current merge is not rerun, nor a moved project's shard
+    return any(state not in ("done", "moved") and not deleted
+               for _, state, _, deleted in set_shard_states(wf, *up, merged))
+
+
+def set_shard_states(wf, stage: str, ds: str, merged: str):
+    """Per shard of a set: its plan entry, its state and detail (from its dir, its log and the fingerprints it must
+    have now), and whether its done was deleted under a current merge (``merged``, the set's merged_state, "yes")."""
+    base = Path(wf.out) / stage / ds
+    for shard, expected in zip(wf.plans[stage, ds]["shards"], wf.shard_inputs[stage, ds]):
         n = shard["shard"]
-        state, _ = shard_state(base / f"split.{n}", Path(wf.shard_job_files(*up, n)[0]),
-                               {**expected, "stage": wf.stage_fps[up]}, n)
-        deleted = state in ("pending", "incomplete") and merged == "yes"  # not rerun under a current merge
-        if state not in ("done", "moved") and not deleted:  # a moved project's shards are not rerun either
-            return True
-    return False
+        state, detail = shard_state(base / f"split.{n}", Path(wf.shard_job_files(stage, ds, n)[0]),
+                                    {**expected, "stage": wf.stage_fps[stage, ds]}, n)
+        yield shard, state, detail, state in ("pending", "incomplete") and merged == "yes"
 
 
 def newer_than_merge(set_dir: Path, job_outputs: list[str]) -> str | None:
@@ -287,7 +292,7 @@ def snakemake_command() -> str:
 def cmd_status(args) -> int:
     from snakeshard.core.plan import shards_text
     from snakeshard.train.stage import training_state
-    from snakeshard.workflow.parse import dead_run_lock, stage_sets
+    from snakeshard.workflow.parse import DEAD_RUN_LOCK, dead_run_lock, stage_sets
 
     wf = _workflow(args.config)
     trainings = {stage: training_state(training) for stage, training in wf.trainings.items()}
@@ -307,12 +312,10 @@ def cmd_status(args) -> int:
             failure = canary_failure(stage, wf.canaries[stage], Path(log))
             if failure and merged != "yes":  # merged and current: the failure blocks nothing (a canary forced later)
                 print(f"  canary: failed (log {log}): {failure}")
-        for shard, expected in zip(plan["shards"], wf.shard_inputs[stage, ds]):
+        for shard, state, detail, deleted in set_shard_states(wf, stage, ds, merged):
             n = shard["shard"]
             shard_dir = base / f"split.{n}"
             log, output = wf.shard_job_files(stage, ds, n)
-            state, detail = shard_state(shard_dir, Path(log), {**expected, "stage": wf.stage_fps[stage, ds]}, n)
-            deleted = state in ("pending", "incomplete") and merged == "yes"
             if deleted and not because:
                 # Snakemake does not rerun a removed intermediate under an up-to-date merge.
                 force = "" if output.endswith(f"split.{n}/done") else "--force "
@@ -337,10 +340,8 @@ def cmd_status(args) -> int:
         print(f"stage {stage} (training), dataset {wf.config['stages'][stage]['train']}: {state}  {detail}".rstrip())
     print("summary: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     if dead_run_lock(os.getcwd(), os.getpid()):  # a trial: status said the run resumes, and it stopped on the lock
-        print("note: .snakemake/locks holds a lock from an earlier snakemake run, and no snakemake runs in this "
-              "directory on this machine (a driver killed with kill -9 leaves its lock): the next run stops with "
-              f"Snakemake's LockException. If none runs here on another machine either: {snakemake_command()} "
-              "--unlock")
+        print(f"note: {DEAD_RUN_LOCK}: the next run stops with Snakemake's LockException. If none runs here on "
+              f"another machine either: {snakemake_command()} --unlock")
     return 0
 
 

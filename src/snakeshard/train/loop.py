@@ -491,9 +491,8 @@ REFUSED = "was written by an unfinished run of another config or data"  # in the
 class NextRun:
     """What the next run of a training does with the newest checkpoint in its dir (``next_run``)."""
 
-    decision: str             # "resumes", "starts over" (a finished run's of other inputs), "refused", "starts"
-    sentence: str             # the decision as status says it, after "the next run "
-    differs: str | None = None  # what differs from the checkpoint's config and data, for "starts over", "refused"
+    sentence: str               # the decision (resume, start, start over, refuse) as status says it, after
+    differs: str | None = None  # "the next run "; what differs from the checkpoint's config and data
 
 
 def next_run(run_dir: str | os.PathLike, config: dict, fingerprint: str, inputs: dict | None,
@@ -511,17 +510,17 @@ def next_run(run_dir: str | os.PathLike, config: dict, fingerprint: str, inputs:
             warnings.simplefilter("ignore", CheckpointWarning)  # an unreadable latest.pt: the next newest is named
             loaded = CheckpointManager(ckdir).read_newest()
     except SnakeshardError as e:
-        return NextRun("refused", f"fails: {e}")
+        return NextRun(f"fails: {e}")
     if loaded is None:
-        return NextRun("starts", "starts at step 0 (no checkpoint)")
+        return NextRun("starts at step 0 (no checkpoint)")
     ck, path = loaded
     what = None if ck.get("fingerprint") in continues else what_differs(ck, cfg, fingerprint, inputs)
     if what is None:
-        return NextRun("resumes", f"resumes from {path} (step {ck['progress']['step']})")
+        return NextRun(f"resumes from {path} (step {ck['progress']['step']})")
     if ck["progress"]["finished"]:
-        return NextRun("starts over", f"starts over: {path} is a finished run's of another config or data ({what})",
+        return NextRun(f"starts over: {path} is a finished run's of another config or data ({what})",
                        what)
-    return NextRun("refused", f"is refused: {path} {REFUSED}: {what}. " + _refusal_fix(ckdir, log_path), what)
+    return NextRun(f"is refused: {path} {REFUSED}: {what}. " + _refusal_fix(ckdir, log_path), what)
 
 
 def _merged(states: list[dict]):

@@ -306,10 +306,13 @@ def stale_lock_note(directory: str, argv: list[str], pid: int) -> str | None:
     import shlex
 
     command = "snakemake" + "".join(f" --profile {shlex.quote(p)}" for p in _profile_of(argv)) + " --unlock"
-    return ("snakeshard: .snakemake/locks holds a lock from an earlier snakemake run, and no snakemake runs in this "
-            "directory on this machine (a driver killed with kill -9 leaves its lock). If snakemake stops below with a "
-            "LockException and none runs here on another machine either, clear the lock, then run again:\n"
-            f"    {command}")
+    return (f"snakeshard: {DEAD_RUN_LOCK}. If snakemake stops below with a LockException and none runs here on "
+            f"another machine either, clear the lock, then run again:\n    {command}")
+
+
+# what the parse's note and `snakeshard status` say of a lock no snakemake here holds
+DEAD_RUN_LOCK = (".snakemake/locks holds a lock from an earlier snakemake run, and no snakemake runs in this directory "
+                 "on this machine (a driver killed with kill -9 leaves its lock)")
 
 
 def dead_run_lock(directory: str, pid: int) -> bool:
