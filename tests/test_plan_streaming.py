@@ -295,6 +295,44 @@ def test_bad_appended_lines_fail_as_a_whole_read_does_and_leave_the_plan_before(
     assert written_files(set_dir) == before
 
 
+@pytest.mark.parametrize("workers", ["1", "3"])
+@pytest.mark.parametrize("block_bytes", [manifest.BLOCK_BYTES, 300])
+def test_records_without_audio_among_records_with_it_are_refused_at_the_plan(tmp_path, monkeypatch, workers,
+                                                                              block_bytes):
+    """A record that names no audio (its field missing, or null) in a manifest whose other records name theirs:
+    every stage that loads audio would fail on it a shard at a time (found by a user trial, 2026-11-27), so the
+    plan refuses it, naming the keys, lines and the config key that says the field. Nothing is written; an append
+    of such a record leaves the plan before as it was. A manifest with no audio at all (text only) plans."""
+    monkeypatch.setattr(manifest, "BLOCK_BYTES", block_bytes)
+    monkeypatch.setenv("SNAKESHARD_PLAN_WORKERS", workers)
+    path = tmp_path / "m.jsonl"
+    records = [{"key": f"k{i:02d}", "audio": WAVS[i % 10], "duration": 1.5} for i in range(80)]
+    records[61] = {"key": "k61", "duration": 1.5, "text": "no audio field"}
+    records[70]["audio"] = None
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    spec = {"path": str(path), "format": "jsonl", "name": "base"}
+    with pytest.raises(DataError) as refused:
+        ensure_plan(tmp_path / "set", spec, {"shard_size": 16})
+    assert str(refused.value) == (
+        f"datasets.base: 2 of 80 records name no audio (datasets.base.audio_field is 'audio'), which the other 78 do: "
+        f"'k61' ({path}:62), 'k70' ({path}:71). Give every record its audio, or none (a text-only dataset)")
+    assert not (tmp_path / "set").exists()
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in records[:60]))
+    ensure_plan(tmp_path / "set", spec, {"shard_size": 16})
+    before = written_files(tmp_path / "set")
+    with open(path, "a") as f:
+        f.write(json.dumps({"key": "late", "duration": 2.0}) + "\n")
+    with pytest.raises(DataError, match=re.escape(f"1 of 61 records names no audio (datasets.base.audio_field is "
+                                                  f"'audio'), which the other 60 do: 'late' ({path}:61).")):
+        ensure_plan(tmp_path / "set", spec, {"shard_size": 16})
+    assert written_files(tmp_path / "set") == before
+
+    text_only = tmp_path / "text.jsonl"
+    text_only.write_text("".join(json.dumps({"key": f"t{i}", "text": "hello"}) + "\n" for i in range(30)))
+    assert ensure_plan(tmp_path / "text", {"path": str(text_only), "format": "jsonl"}, {"num_shards": 2})["num_items"] == 30
+
+
 def test_shards_are_kept_only_from_the_plan_the_cached_columns_were_read_for(tmp_path, monkeypatch):
     """A planner killed between keeping its columns and writing plan.json leaves the plan before (of an older
     manifest) beside newer columns: an append after that keeps none of that plan's shards (line 5 was edited

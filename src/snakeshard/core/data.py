@@ -337,7 +337,7 @@ def validate_keys(items: list[Item], name: str) -> None:
 def bad_keys_error(count: int, listed: list[str]) -> DataError:
     """``count`` keys that ``bad_key`` refuses, the first MAX_LISTED of them described in ``listed``."""
     return DataError(f"{count} key(s) are empty or contain whitespace or control characters: "
-                     + _listing(count, listed))
+                     + listing(count, listed))
 
 
 def missing_audio_error(count: int, listed: list[str], relative: bool = False) -> DataError:
@@ -346,7 +346,7 @@ def missing_audio_error(count: int, listed: list[str], relative: bool = False) -
     they were looked for)."""
     where = (f" (relative audio paths are taken from the working directory {os.getcwd()}, as Kaldi takes them, "
              "not from the directory of the file that lists them)") if relative else ""
-    return DataError(f"{count} audio file(s) not found: " + _listing(count, listed) + where)
+    return DataError(f"{count} audio file(s) not found: " + listing(count, listed) + where)
 
 
 def unreadable_headers_error(bad: list[str]) -> DataError:
@@ -361,10 +361,10 @@ def unreadable_headers_error(bad: list[str]) -> DataError:
 
 
 def duplicate_keys_error(dupes: list[str]) -> DataError:
-    return DataError(f"{len(dupes)} duplicate key(s): " + _listing(len(dupes), dupes[:MAX_LISTED]))
+    return DataError(f"{len(dupes)} duplicate key(s): " + listing(len(dupes), dupes[:MAX_LISTED]))
 
 
-def _listing(count: int, listed: list[str]) -> str:
+def listing(count: int, listed: list[str]) -> str:
     """The first offenders of ``count``, and how many more there are."""
     more = count - len(listed)
     return ", ".join(listed) + (f" and {more} more" if more > 0 else "")

@@ -39,8 +39,8 @@ from itertools import chain, islice, repeat
 
 from snakeshard.core.data import (JSONL_RECORD, MAX_LISTED, Item, bad_key, bad_keys_error, check_audio_exists,
                                   duplicate_keys_error, empty_dataset_error, fill_durations, is_pipe, jsonl_record,
-                                  jsonl_values, missing_audio_error, read_items, source_spec, unreadable_headers_error,
-                                  utf8_error)
+                                  jsonl_values, listing, missing_audio_error, read_items, source_spec,
+                                  unreadable_headers_error, utf8_error)
 from snakeshard.core.fingerprint import digest
 from snakeshard.core.forked import map_forked, plan_workers
 from snakeshard.errors import DataError
@@ -100,6 +100,9 @@ class ItemsManifest:
 
     def save(self, cache_dir, plan_signature: str) -> None:
         """Nothing to keep: a Kaldi data dir is read whole at every plan."""
+
+    def check_audio_field(self) -> None:
+        """Nothing to check: a Kaldi data dir's wav.scp gives every key its audio."""
 
     def bytes_after(self, first_item: int) -> int:
         """0: its items are in memory, and shards from them are planned here unless ``SNAKESHARD_PLAN_WORKERS``
@@ -163,7 +166,30 @@ class JsonlManifest:
             raise empty_dataset_error(spec, self.path, self.path)
         else:
             self._check_unique(hashes)
+        self.spec = spec
         self.missing = sum(1 for s in self.seconds if s != s)  # NaN: UNKNOWN
+
+    def check_audio_field(self) -> None:
+        """Records that name their audio and records that do not, in one manifest: refused, naming those without
+        (every stage that loads audio would fail on them, a shard at a time). A manifest with no audio at all is a
+        text-only dataset and passes. ~0.02 s a million keys, on manifests with audio."""
+        spec = self.spec
+        if not any(a is not None for a in self.audio_blocks):
+            return
+        if all(a is not None and None not in a for a in self.audio_blocks):
+            return
+        without, listed = 0, []
+        for key, n, _, audio, _ in self._rows():
+            if audio is None:
+                without += 1
+                if len(listed) < MAX_LISTED:
+                    listed.append(f"{key!r} ({self.path}:{n})")
+        field, name = self.fields[1], spec.get("name")
+        where, config_key = (f"datasets.{name}: ", f"datasets.{name}.audio_field") if name else ("", "audio_field")
+        names = "names" if without == 1 else "name"
+        raise DataError(f"{where}{without} of {self.num_items} records {names} no audio ({config_key} is {field!r}), "
+                        f"which the other {self.num_items - without} do: {listing(without, listed)}. Give every "
+                        "record its audio, or none (a text-only dataset)")
 
     def _scan_here(self, offset: int, first_line: int, spec: dict) -> None:
         """Pass 1 in this process: every bad record, key and audio path is found, and named as

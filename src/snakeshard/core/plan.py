@@ -142,6 +142,7 @@ def make_plan(dataset: dict, sharding: dict, on_shard=None, cache_dir=None, prev
     signature = input_signature(dataset, sharding)
     manifest = scan_manifest(dataset, cache_dir)
     counts = shard_counts(manifest, sharding)
+    manifest.check_audio_field()  # after the durations: a key whose duration cannot be read is named first, as before
     known = not manifest.missing
     kept = _kept_shards(previous, counts, manifest, known)
     if cache_dir is not None:
