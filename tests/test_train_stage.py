@@ -24,7 +24,7 @@ import yaml
 
 from conftest import (copy_workflow, once_per_session, read_config, run_cli, run_snakemake, wait_for,
                       write_config)
-from snakeshard.cli import merged_line
+from snakeshard.workflow.status import merged_line
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).parent))

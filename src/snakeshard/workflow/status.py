@@ -1,0 +1,239 @@
+"""``snakeshard status``: each shard's, merge's and training's state, read from the files on disk against the
+fingerprints a parse of the project's config gives now (nothing is run; Snakemake is not asked).
+
+A shard is done, stale (with what changed), moved, unreadable, failed (with its log's lines), incomplete or
+pending; a merge current, stale, missing, moved, failed, or made again (with why Snakemake remakes it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from snakeshard.core.merge import (MAX_LISTED, UnreadableDone, done_moved, merged_record, missing_merged_files,
+                                   moved_fix, moved_from, read_done, remerge_fix)
+from snakeshard.core.plan import shards_text
+from snakeshard.core.shard_files import MERGE_LOG
+from snakeshard.errors import ERROR_PREFIX
+from snakeshard.train.stage import training_state
+from snakeshard.workflow.job import INTERRUPTED, canary_log_head
+from snakeshard.workflow.parse import DEAD_RUN_LOCK, dead_run_lock, stage_changes, stage_sets
+from snakeshard.workflow.train_config import model_source
+
+
+def merged_state(set_dir: Path, inputs: str) -> str:
+    """yes (made from the current plan's inputs, here) / stale (from other inputs) / moved (its scp files point
+    into the directory it was made in) / missing (a file its merged.json lists is gone) / no."""
+    record = merged_record(set_dir)
+    if record is None:
+        return "no"
+    if record.get("inputs") != inputs:
+        return "stale"
+    if moved_from(set_dir, record):
+        return "moved"
+    return "missing" if missing_merged_files(set_dir, record) else "yes"
+
+
+# What a stale shard's done differs in, in the words status uses.
+STALE_CAUSES = {"keys": "its keys (the plan was cut anew)",
+                "records": "its keys' records (wav.scp, segments, text, utt2spk or jsonl)",
+                "audio": "its audio files (size or mtime)", "stage": "the stage's config, model files or code",
+                "upstream": "the upstream stage's output for its keys"}
+
+
+def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple[str, str]:
+    """(state, detail): done, stale (with what changed), unreadable, failed (with log tail),
+    incomplete (started, no result), pending. ``expected``: the shard's entry in the current fingerprints.
+    ``log`` may be a job's of several shards (``shards_per_job``): the error line naming ``shard`` counts."""
+    try:
+        done = read_done(shard_dir)
+    except UnreadableDone as e:
+        return "unreadable", str(e)
+    if done is not None:
+        if done.get("fingerprint") == expected["fingerprint"]:
+            if done_moved(done, shard_dir):
+                return "moved", (f"computed in {done['shard_dir']}: its scp files point there; "
+                                 + moved_fix(shard_dir.parent.parent.name))
+            return "done", ""
+        had = done.get("inputs") or {}
+        changed = [part for part in STALE_CAUSES if part in had and had[part] != expected[part]]
+        if "keys" in changed:  # a plan cut anew: other keys come with other records and audio, nothing to tell
+            changed = [part for part in changed if part not in ("records", "audio")]
+        causes = [STALE_CAUSES[part] for part in changed]
+        if "stage" in changed:  # what in the stage, when its history still holds the fingerprint the shard ran with
+            what = stage_changes(shard_dir.parent, had["stage"], expected["stage"])
+            if what:
+                causes[changed.index("stage")] = "the stage: " + "; ".join(what[:5])
+        return "stale", "changed since it ran: " + (", ".join(causes) or "its inputs, config or code")
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    own = [n for n, line in enumerate(lines) if line.startswith((f"{ERROR_PREFIX}shard {shard} ",
+                                                                   f"{ERROR_PREFIX}shard {shard}:"))]
+    if own:  # this shard's error line and the end of its traceback above it (a job's log may hold several shards)
+        return "failed", "\n".join("      | " + line for line in lines[max(0, own[-1] - 3):own[-1] + 1])
+    tail = lines[-5:]
+    if any(line.startswith(ERROR_PREFIX) for line in tail) or any("Error" in line for line in tail[-1:]):
+        return "failed", "\n".join("      | " + line for line in tail)
+    if (shard_dir / ".attempt").exists():
+        if any(f": {INTERRUPTED};" in line for line in tail):  # the job's own line on Ctrl-C (workflow.job)
+            return "incomplete", "interrupted (SIGINT, Ctrl-C): the next run runs it again"
+        return "incomplete", ("started, no done: running now, or killed (if its log has no error, the "
+                              "cause may be in snakemake's own output)")
+    return "pending", ""
+
+
+def canary_failure(stage: str, canary: dict, log: Path) -> str | None:
+    """The error line of the stage's canary when the current fingerprint's canary has no done and its log (the
+    stage's, written by its last canary job) is that fingerprint's and ends in an error; None otherwise (canary
+    off, done, not run yet, running, or the log of an earlier fingerprint)."""
+    if Path(canary["dir"], "done").exists() or not log.is_file():
+        return None
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    if not lines or lines[0] != canary_log_head(stage, canary["fingerprint"]) or not lines[-1].startswith(ERROR_PREFIX):
+        return None
+    return lines[-1]
+
+
+def merge_failure(set_dir: Path, log: Path) -> str | None:
+    """The error line of the set's last merge when it failed with its shards as they are now (its log ends in an
+    error and is newer than every shard's done); None otherwise (not run, succeeded, or shards ran again since)."""
+    if not log.is_file():
+        return None
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    if not lines or not lines[-1].startswith(ERROR_PREFIX):
+        return None
+    dones = [done.stat().st_mtime_ns for done in set_dir.glob("split.*/done")]
+    return None if dones and max(dones) > log.stat().st_mtime_ns else lines[-1]
+
+
+def merged_line(merged: str, set_dir: Path, stage: str, removed: bool) -> str:
+    """What status says of a set's merge (see merged_state)."""
+    if merged == "yes":
+        return "yes, current" + (" (the merged output does not need the removed shards' done files)" if removed else "")
+    if merged == "stale":
+        return ("stale (made from other data, config or code than the current plan; snakeshard refuses to read it, "
+                "the next successful snakemake run replaces it)")
+    if merged == "missing":
+        missing = missing_merged_files(set_dir, merged_record(set_dir))
+        return (f"missing {', '.join(missing[:MAX_LISTED])} (its merged.json lists it; snakeshard refuses to read the "
+                f"set): {remerge_fix(set_dir)}")
+    if merged == "moved":
+        return (f"moved (made in {merged_record(set_dir)['set_dir']}, and its scp files point there; snakeshard "
+                f"refuses to read it): {moved_fix(stage)}")
+    return "no"
+
+
+def remade_because(wf, stage: str, ds: str, trainings: dict, memo: dict) -> str | None:
+    """Why snakemake makes a set's merge again though its shards' fingerprints are current, or None: the model it
+    infers with is not the current one, or the set it reads from is not (Snakemake reruns what follows an input it
+    makes again; the fingerprints cannot tell while the old model or upstream output is still on disk)."""
+    if (stage, ds) not in memo:
+        memo[stage, ds] = None
+        source = model_source(wf.config, stage)
+        up = wf.upstream.get((stage, ds))
+        newer = newer_than_merge(Path(wf.out) / stage / ds, wf.job_done_files(stage, ds))
+        if newer:  # Snakemake's mtime trigger: a merge input newer than its output
+            memo[stage, ds] = f"{newer} is newer than its merged.json: a shard job ran since the merge"
+        elif source and trainings[source][0] != "done":
+            memo[stage, ds] = f"its model, training stage {source}, is {trainings[source][0]}"
+        elif up and (_upstream_rerun(wf, stage, up) or remade_because(wf, *up, trainings, memo)):
+            memo[stage, ds] = f"it reads stage {up[0]}, dataset {up[1]}, which is made again"
+    return memo[stage, ds]
+
+
+def _upstream_rerun(wf, stage: str, up: tuple[str, str]) -> bool:
+    """Whether Snakemake reruns what a chained set's jobs read of its upstream set ``up``: its merge, for a stage
+    that reads the whole merged output; else its shards, one of which is not current. A merge made again over
+    current shards (a merged file deleted) remakes no reader of the shards (a user trial: status said it did)."""
+    merged = merged_state(Path(wf.out) / up[0] / up[1], wf.inputs[up])
+    if stage in wf.merge_readers:
+        return merged != "yes"
+    # a done deleted under a current merge is not rerun, nor a moved project's shard
+    return any(state not in ("done", "moved") and not deleted
+               for _, state, _, deleted in set_shard_states(wf, *up, merged))
+
+
+def set_shard_states(wf, stage: str, ds: str, merged: str):
+    """Per shard of a set: its plan entry, its state and detail (from its dir, its log and the fingerprints it must
+    have now), and whether its done was deleted under a current merge (``merged``, the set's merged_state, "yes")."""
+    base = Path(wf.out) / stage / ds
+    for shard, expected in zip(wf.plans[stage, ds]["shards"], wf.shard_inputs[stage, ds]):
+        n = shard["shard"]
+        state, detail = shard_state(base / f"split.{n}", Path(wf.shard_job_files(stage, ds, n)[0]),
+                                    {**expected, "stage": wf.stage_fps[stage, ds]}, n)
+        yield shard, state, detail, state in ("pending", "incomplete") and merged == "yes"
+
+
+def newer_than_merge(set_dir: Path, job_outputs: list[str]) -> str | None:
+    """The first of a set's shard job outputs (the merge rule's inputs) modified after its merged.json, or None."""
+    try:
+        merged = (set_dir / "merged.json").stat().st_mtime_ns
+    except OSError:
+        return None
+    for path in job_outputs:
+        try:
+            if os.stat(path).st_mtime_ns > merged:
+                return path
+        except OSError:
+            continue
+    return None
+
+
+def snakemake_command() -> str:
+    """``snakemake`` with this project's local profile (``snakeshard init`` writes profiles/local; this
+    repository keeps config/profiles/local), as a command status prints should be run."""
+    for profile in ("profiles/local", "config/profiles/local"):
+        if Path(profile, "config.yaml").is_file():
+            return f"snakemake --profile {profile}"
+    return "snakemake --cores 1"
+
+
+def print_status(wf) -> None:
+    """Every set's shards (config order, as `snakeshard plan` lists them), its canary and merge, every training,
+    a summary of the states, and a note when a dead driver's lock would stop the next run."""
+    trainings = {stage: training_state(training) for stage, training in wf.trainings.items()}
+    remade: dict = {}
+    counts: dict[str, int] = {}
+    canaries_told: set[str] = set()
+    for stage, ds in stage_sets(wf.config):  # config order, as `snakeshard plan` lists them
+        plan = wf.plans[stage, ds]
+        base = Path(wf.out) / stage / ds
+        merged = merged_state(base, wf.inputs[stage, ds])
+        because = remade_because(wf, stage, ds, trainings, remade) if merged == "yes" else None
+        removed = 0
+        print(f"stage {stage}, dataset {ds}: {shards_text(plan['num_shards'])}")
+        if stage not in canaries_told:  # the stage's canary, under the stage's first set
+            canaries_told.add(stage)
+            log = wf.canaries[stage]["log"]
+            failure = canary_failure(stage, wf.canaries[stage], Path(log))
+            if failure and merged != "yes":  # merged and current: the failure blocks nothing (a canary forced later)
+                print(f"  canary: failed (log {log}): {failure}")
+        for shard, state, detail, deleted in set_shard_states(wf, stage, ds, merged):
+            n = shard["shard"]
+            shard_dir = base / f"split.{n}"
+            log, output = wf.shard_job_files(stage, ds, n)
+            if deleted and not because:
+                # Snakemake does not rerun a removed intermediate under an up-to-date merge.
+                force = "" if output.endswith(f"split.{n}/done") else "--force "
+                state, detail = "removed", (f"done deleted after the merge; `{snakemake_command()} {force}{output}` "
+                                            "redoes it")
+                removed += 1
+            elif deleted and newer_than_merge(base, [str(shard_dir / ".attempt")]) is None:  # not started since
+                state, detail = "pending", ("done deleted after the merge; the next run redoes it, as it makes the "
+                                            "merge again")
+            counts[state] = counts.get(state, 0) + 1
+            items = f"{shard['items']:>7} item{'s' if shard['items'] != 1 else ' '}"
+            print(f"  split.{n:<5} {state:<10} {items}  {detail if state != 'failed' else ''}".rstrip())
+            if state == "failed":
+                print(f"      log {log}:\n{detail}")
+        merge_log = base / MERGE_LOG
+        failure = merge_failure(base, merge_log) if merged != "yes" else None
+        print("  merged: " + (f"failed (log {merge_log}): {failure}" if failure
+                              else f"yes, not current: snakemake makes it again ({because})" if because
+                              else merged_line(merged, base, stage, bool(removed))))
+    for stage, (state, detail) in trainings.items():
+        counts[state] = counts.get(state, 0) + 1
+        print(f"stage {stage} (training), dataset {wf.config['stages'][stage]['train']}: {state}  {detail}".rstrip())
+    print("summary: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    if dead_run_lock(os.getcwd(), os.getpid()):  # a trial: status said the run resumes, and it stopped on the lock
+        print(f"note: {DEAD_RUN_LOCK}: the next run stops with Snakemake's LockException. If none runs here on "
+              f"another machine either: {snakemake_command()} --unlock")
