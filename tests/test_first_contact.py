@@ -274,7 +274,7 @@ def test_lock_note_names_the_runs_profile_and_says_nothing_beside_a_live_snakema
     """The note in-process: the profile as the run was given it (quoted for the shell), else $SNAKEMAKE_PROFILE,
     else none; nothing without lock files, for an --unlock run, or while a snakemake process has the directory as
     its working directory (here a stand-in whose command line is `python -c ... -m snakemake`)."""
-    from snakeshard.workflow.parse import stale_lock_note
+    from snakeshard.workflow.run_lock import stale_lock_note
 
     monkeypatch.delenv("SNAKEMAKE_PROFILE", raising=False)
     assert stale_lock_note(str(tmp_path), [], os.getpid()) is None  # no .snakemake/locks

@@ -13,7 +13,8 @@ from snakeshard.core.user_source import runner_reports
 from snakeshard.workflow import snakemake_patches
 from snakeshard.workflow.config_file import check_duplicate_keys
 from snakeshard.workflow.parse import (SLURM_PASSTHROUGH, Workflow, exit_on_user_error, ignored_key_notes, shard_stages,
-                                       stage_resources, stage_sets, stale_lock_note, validate_config)
+                                       stage_resources, stage_sets, validate_config)
+from snakeshard.workflow.run_lock import stale_lock_note
 
 # Three costs of Snakemake 9's driver: a scheduler wake-up per second per finished job, a pandas import
 # when the first job ends, which holds up the next, and every ready job's inputs stat'ed again before

@@ -17,7 +17,8 @@ from snakeshard.core.shard_files import MERGE_LOG
 from snakeshard.errors import ERROR_PREFIX
 from snakeshard.train.stage import training_state
 from snakeshard.workflow.job import INTERRUPTED, canary_log_head
-from snakeshard.workflow.parse import DEAD_RUN_LOCK, dead_run_lock, stage_changes, stage_sets
+from snakeshard.workflow.parse import stage_changes, stage_sets
+from snakeshard.workflow.run_lock import DEAD_RUN_LOCK, dead_run_lock
 from snakeshard.workflow.train_config import model_source
 
 
