@@ -14,9 +14,11 @@ the DAG) and the bench toy runner. Per size:
 
 ``--workers N`` sets SNAKESHARD_PLAN_WORKERS for every run (1: plan in the driver alone); unset, the default.
 ``--rich``: lines as a corpus's manifest has them (an audio path, a text, a speaker: ~150 bytes, not 42).
+``--default-sharding``: the stage sets no ``sharding`` (the default, core/plan.py ``DEFAULT_SHARDING``: 8 shards),
+and the planner alone plans that too.
 
     python bench/plan_scale.py [--sizes 1000000 3000000 10000000] [--repeats 1] [--reference-max 1000000]
-                               [--workers N] [--rich]
+                               [--workers N] [--rich] [--default-sharding]
 """
 
 from __future__ import annotations
@@ -40,12 +42,13 @@ PLAN_ALONE = '''
 import json, resource, sys, time
 sys.path.insert(0, {tests!r})
 t0 = time.perf_counter()
+sharding = {sharding!r}
 if sys.argv[1] == "reference":
     from reference_plan import reference_files
-    reference_files({{"path": sys.argv[2], "format": "jsonl"}}, {{"shard_size": 10000}})
+    reference_files({{"path": sys.argv[2], "format": "jsonl"}}, sharding)
 else:
     from snakeshard.core.plan import ensure_plan
-    ensure_plan(sys.argv[3], {{"path": sys.argv[2], "format": "jsonl"}}, {{"shard_size": 10000}})
+    ensure_plan(sys.argv[3], {{"path": sys.argv[2], "format": "jsonl"}}, sharding)
 print(json.dumps([time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]))
 '''
 
@@ -75,13 +78,14 @@ def manifest(n: int, rich: bool = False) -> Path:
     return path
 
 
-def project(n: int, rich: bool = False) -> Path:
-    wd = fresh_project(WORK / f"n{n}{'-rich' * rich}")
+def project(n: int, rich: bool = False, sharding: dict | None = None) -> Path:
+    """The bench's project over the N-key manifest; ``sharding`` None: the stage sets none (the default)."""
+    wd = fresh_project(WORK / f"n{n}{'-rich' * rich}{'-default' * (sharding is None)}")
     (wd / "toy_stage.py").write_text(TOY_STAGE_MODULE)
     shutil.copyfile(manifest(n, rich), wd / "items.jsonl")  # its own copy: the appended case writes to it
     config = {"canary": 0, "datasets": {"big": {"path": "items.jsonl", "format": "jsonl"}},
               "stages": {"count": {"runner": "toy_stage.Runner", "provider": "toy_stage.Provider",
-                                   "datasets": ["big"], "sharding": {"shard_size": 10000}}}}
+                                   "datasets": ["big"], **({"sharding": sharding} if sharding else {})}}}
     (wd / "config/config.yaml").write_text(yaml.safe_dump(config))
     return wd
 
@@ -112,7 +116,12 @@ def main() -> None:
     ap.add_argument("--reference-max", type=int, default=1000000)
     ap.add_argument("--workers", help="SNAKESHARD_PLAN_WORKERS for every run (unset: the default)")
     ap.add_argument("--rich", action="store_true", help="manifests with audio paths, text and speakers")
+    ap.add_argument("--default-sharding", action="store_true", help="no sharding in the config: the default")
     args = ap.parse_args()
+    from snakeshard.core.plan import DEFAULT_SHARDING
+
+    sharding = None if args.default_sharding else {"shard_size": 10000}
+    print(f"sharding: {sharding or f'none set (the default, {DEFAULT_SHARDING})'}")
     if args.workers:
         os.environ["SNAKESHARD_PLAN_WORKERS"] = args.workers
     print(f"SNAKESHARD_PLAN_WORKERS={os.environ.get('SNAKESHARD_PLAN_WORKERS', '(unset)')}")
@@ -120,7 +129,7 @@ def main() -> None:
 
     print(machine_info(snakemake=snakemake.__version__))
     dry = [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "-q"]
-    alone = [sys.executable, "-c", PLAN_ALONE.format(tests=str(ROOT / "tests"))]
+    alone = [sys.executable, "-c", PLAN_ALONE.format(tests=str(ROOT / "tests"), sharding=sharding or DEFAULT_SHARDING)]
     raw = WORK / "raw"  # snakemake's own start: one rule, nothing to plan
     raw.mkdir(parents=True, exist_ok=True)
     (raw / "Snakefile").write_text('rule all:\n    output: "x"\n    shell: "touch {output}"\n')
@@ -132,7 +141,7 @@ def main() -> None:
     for n in args.sizes:
         for _ in range(args.repeats):
             path = manifest(n, args.rich)
-            wd = project(n, args.rich)
+            wd = project(n, args.rich, sharding)
             cold = measured(dry, wd)
             warm = measured(dry, wd)
             with open(wd / "items.jsonl", "a") as f:

@@ -510,7 +510,7 @@ def test_stage_without_sharding_takes_the_runners_default_else_eight_shards(tmp_
     config["stages"]["fbank"] = {"runner": "snakeshard.stages.fbank.FbankRunner",
                                  "provider": "snakeshard.stages.fbank.FbankProvider", "datasets": ["demo"]}
     validate_config(config)
-    assert config["stages"]["fbank"]["sharding"] == {"num_shards": 8}
+    assert config["stages"]["fbank"]["sharding"] == {"num_shards": 8, "max_shard_items": 100000}
     config["stages"]["fbank"]["sharding"] = {"shard_size": 3}  # an explicit setting stands
     validate_config(config)
     assert config["stages"]["fbank"]["sharding"] == {"shard_size": 3}

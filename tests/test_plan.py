@@ -162,6 +162,29 @@ def test_shard_seconds_reads_durations_from_audio_headers(tmp_path):
     assert [s["seconds"] for s in plan["shards"]] == [2.191, 2.191, 1.095]
 
 
+def test_max_shard_items_adds_shards_to_a_dataset_that_outgrows_them():
+    """num_shards 8 with max_shard_items 10 (the default's rule, at 100,000): 8 shards up to 80 items, then at
+    least ceil(items / 10); explicit num_shards alone stays at 8 however big the dataset."""
+    capped = {"num_shards": 8, "max_shard_items": 10}
+    assert len(plan_shards(items([1.0] * 80), capped)) == 8
+    assert len(plan_shards(items([1.0] * 81), capped)) == 9
+    shards = plan_shards(items([1.0] * 250), capped)
+    assert len(shards) == 25 and {len(s) for s in shards} == {10}
+    assert len(plan_shards(items([1.0] * 250), {"num_shards": 8})) == 8
+
+
+def test_max_shard_items_goes_with_num_shards_alone():
+    """With shard_size or shard_seconds it means nothing: the config check says so, naming the key."""
+    from snakeshard.workflow.parse import validate_config
+
+    config = {"datasets": {"demo": {"path": "data/demo"}},
+              "stages": {"s": {"runner": "m.R", "provider": "m.P", "datasets": ["demo"],
+                               "sharding": {"shard_size": 5, "max_shard_items": 10}}}}
+    with pytest.raises(ConfigError, match=re.escape("stages.s.sharding.max_shard_items: only with num_shards "
+                                                    "(shard_size already sets how big a shard is)")):
+        validate_config(config)
+
+
 def test_sharding_needs_exactly_one_mode():
     """Gives both num_shards and shard_size (and then neither): ConfigError naming the modes."""
     with pytest.raises(ConfigError, match=r"exactly one of num_shards, shard_size, shard_seconds; got \['num_shards', 'shard_size'\]"):

@@ -46,8 +46,10 @@ DATASET_FILES = ("wav.scp", "segments", "utt2dur", "text", "utt2spk")
 # utterances on 2 cores: 2 shards once ended 26 s apart; 8 shards took the time of two bare loops over the halves,
 # median of 3 rounds, bench/RESULTS.md section 22). A fixed number, not one per core of the machine planning: a
 # plan that followed the cores would re-cut every shard (and rerun every job) when the same project moves to a
-# cluster or another workstation.
-DEFAULT_SHARDING = {"num_shards": 8}
+# cluster or another workstation. At most 100,000 items a shard (more shards past 800,000 items): the planner holds
+# one shard's slice at a time, ~1 KB a key while it is written (10,000,000 keys in 8 shards peaked at 1.35 GB in a
+# planning process, 2.5 GB over all of them; bench/RESULTS.md section 32), and a killed job loses one shard's work.
+DEFAULT_SHARDING = {"num_shards": 8, "max_shard_items": 100_000}
 
 
 def split_contiguous(costs: list[float], num_shards: int) -> list[int]:
@@ -111,7 +113,10 @@ def shard_counts(manifest, sharding: dict) -> list[int]:
         if manifest.missing < n:
             manifest.fill_durations()
         costs = manifest.seconds if not manifest.missing else array("d", [1.0]) * n
-        starts = split_contiguous(costs, int(sharding["num_shards"]))
+        num_shards = int(sharding["num_shards"])
+        if sharding.get("max_shard_items"):  # more shards for a bigger dataset: about this many items at most
+            num_shards = max(num_shards, -(-n // int(sharding["max_shard_items"])))
+        starts = split_contiguous(costs, num_shards)
     return [b - a for a, b in zip(starts, starts[1:] + [n])]
 
 

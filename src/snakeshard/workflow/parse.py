@@ -133,6 +133,9 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
         if len(modes) != 1:
             raise ConfigError(f"stages.{name}.sharding: set exactly one of num_shards, shard_size, shard_seconds "
                               f"(got {modes or 'none'})")
+        if "max_shard_items" in stage["sharding"] and modes != ["num_shards"]:
+            raise ConfigError(f"stages.{name}.sharding.max_shard_items: only with num_shards ({modes[0]} already "
+                              "sets how big a shard is)")
         if stage.get("sort_by_length") and not (stage.get("batch_size") or stage.get("batch_seconds")):
             raise ConfigError(f"stages.{name}.sort_by_length: sorting needs batches: set batch_size or batch_seconds")
         check_outputs_config(stage.get("outputs") or {}, f"stages.{name}.outputs")
