@@ -85,3 +85,55 @@ def test_cut_short_done_names_the_shard_too(tmp_path):
     proc = run_snakemake(wd)
     assert "JSONDecodeError" not in proc.stderr and "shard 0: results/energy/six/split.0/done is not a done record" \
         in proc.stderr
+
+
+ORPHAN = '''
+import sys, time
+from snakeshard.core.shard import claimed_shard_dir
+with claimed_shard_dir(sys.argv[1]):
+    open(sys.argv[1] + "/feats.ark", "w").write("the orphan's")
+    print("claimed", flush=True)
+    time.sleep(1.5)
+    open(sys.argv[1] + "/late.ark", "w").write("written by path after the retry started")
+print(time.time(), flush=True)
+'''
+
+
+def test_a_retry_waits_for_an_orphaned_attempt_before_emptying_the_shard_dir(tmp_path, capfd):
+    """An attempt still running (its snakemake killed with -9) writes its files by path: a retry that emptied the dir
+    under it would end holding the orphan's files. The retry waits on the attempt's flock, naming the orphan's pid,
+    then empties the dir (the orphan's late file too) and writes its own results."""
+    import subprocess
+    import sys
+    import time
+
+    from snakeshard.workflow.status import attempt_running
+
+    shard_dir = tmp_path / "split.0"
+    orphan = subprocess.Popen([sys.executable, "-c", ORPHAN, str(shard_dir)], stdout=subprocess.PIPE, text=True)
+    assert orphan.stdout.readline() == "claimed\n"
+    assert attempt_running(shard_dir)  # what `snakeshard status` says "running now" from
+    run_shard(TwoFields, {}, ["x", "yy"], shard_dir, progress=False)
+    assert not attempt_running(shard_dir)
+    started_after = time.time()
+    orphan_ended = float(orphan.stdout.readline())
+    assert orphan.wait(timeout=30) == 0
+    assert f"waiting for an earlier attempt of this shard (pid {orphan.pid};" in capfd.readouterr().err
+    assert sorted(p.name for p in shard_dir.iterdir()) == [".attempt", "a", "b", "done"]  # no feats.ark, late.ark
+    done_start = __import__("json").loads((shard_dir / "done").read_text())["start"]
+    assert orphan_ended <= done_start + 0.01 and done_start <= started_after
+
+
+def test_an_attempt_over_an_earlier_attempts_files_removes_the_sets_merged_json_first(tmp_path):
+    """Merged scp files point into shard arks: a shard rerun (forced, or killed before its done) empties its dir, so
+    the set's merged.json, which says the merged output is current, goes first; Snakemake then merges again. A shard
+    dir with nothing of an earlier attempt (a new shard) leaves the merge as it is."""
+    set_dir = tmp_path / "results/energy/demo"
+    run_shard(TwoFields, {}, ["x"], set_dir / "split.0", progress=False)
+    (set_dir / "merged.json").write_text("{}")
+    run_shard(TwoFields, {}, ["x"], set_dir / "split.1", progress=False)  # new: nothing of an earlier attempt
+    assert (set_dir / "merged.json").exists()
+    (set_dir / "split.0/done").unlink()  # as Snakemake removes a job's output before running it
+    run_shard(TwoFields, {}, ["x"], set_dir / "split.0", progress=False)
+    assert not (set_dir / "merged.json").exists()
+    assert (set_dir / "split.0/done").exists()

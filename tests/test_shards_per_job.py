@@ -147,3 +147,29 @@ def test_auto_groups_one_key_shards_and_merges_the_same_bytes(toy_workdir):
     assert sorted(p.name for p in (toy_workdir / TOY / "jobs").iterdir()) == [
         f"shards.{n}-{n + 4}.done" for n in (0, 10, 15, 20, 25, 30, 35, 5)]
     assert len(dones(toy_workdir)) == 40 and (toy_workdir / TOY / "text").read_bytes() == one_per_shard
+
+
+def test_a_config_change_after_leaving_grouped_jobs_reruns_every_shard(toy_workdir):
+    """A user trial: 4 shards run 2 per job, then `shards_per_job: 1`, then a provider_config change. Snakemake
+    had no record of the dones' params (a job of several shards wrote them), so its params trigger never fired:
+    `-n` listed the merge alone, which refused the stale shards at every run. Each shard's fingerprint file
+    (split.N/.fingerprint, an input of its rule) is newer than its done when the fingerprint changed: all 4 rerun.
+    The same with Snakemake's records removed (.snakemake/metadata); a change made and undone before a run reruns
+    nothing."""
+    set_upper(toy_workdir, shards_per_job=2)
+    assert run_snakemake(toy_workdir).returncode == 0
+    set_upper(toy_workdir, shards_per_job=1)
+    assert run_snakemake(toy_workdir).returncode == 0  # the merge alone: its inputs are the shards' dones now
+    set_upper(toy_workdir, shards_per_job=1, provider_config={"suffix": "!"})
+    dry = run_snakemake(toy_workdir, "-n")
+    assert re.search(r"^shard_upper\s+4$", dry.stdout, re.M), dry.stdout
+    run = run_snakemake(toy_workdir)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (toy_workdir / TOY / "text").read_text().splitlines()[0] == "utt000 UTT000!"
+    assert "merged: yes, current" in run_cli(toy_workdir, "status").stdout
+
+    shutil.rmtree(toy_workdir / ".snakemake/metadata")  # as --cleanup-metadata or a removed .snakemake leaves it
+    set_upper(toy_workdir, shards_per_job=1, provider_config={"suffix": "?"})
+    assert re.search(r"^shard_upper\s+4$", run_snakemake(toy_workdir, "-n").stdout, re.M)
+    set_upper(toy_workdir, shards_per_job=1, provider_config={"suffix": "!"})  # undone before any run
+    assert "Nothing to be done" in run_snakemake(toy_workdir, "-n").stdout

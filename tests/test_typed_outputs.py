@@ -353,6 +353,39 @@ def test_kill9_mid_ark_write_then_rerun_is_byte_identical(tmp_path):
     assert set_files(wd / SET) == set_files(clean / SET)
 
 
+def test_kill9_of_a_forced_rerun_of_one_shard_leaves_no_merge_that_looks_current(tmp_path):
+    """A finished set, then `snakemake <its split.1/done> --forcerun shard_typed` killed with -9 once the job has
+    emptied the shard (a user trial: the merged feats.scp then pointed at a deleted ark while status said "merged:
+    yes, current" and `snakemake -n` had nothing to do). The job removes merged.json before the shard's files:
+    status says the set is not merged, a reader is refused, `snakemake -n` merges again, and the rerun's files equal
+    the first run's."""
+    from snakeshard.core.merge import StaleMergedOutput, require_current
+
+    wd = typed_project(tmp_path / "wf", provider_config={"delay": 0.3, "rows": 3000}, fingerprint_ignore=["delay"])
+    assert run_snakemake(wd).returncode == 0
+    first = set_files(wd / SET)
+    inputs = json.loads((wd / SET / "merged.json").read_text())["inputs"]
+    forced = subprocess.Popen([sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "1",
+                               str(SET / "split.1/done"), "--forcerun", "shard_typed"],
+                              cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    victim = wait_for(lambda: shard_process(wd, 1), 60, "shard 1 to start")
+    attempt, ark = wd / SET / "split.1/.attempt", wd / SET / "split.1/feats.ark"
+    wait_for(lambda: attempt.read_text().startswith(f"{victim.pid}:") and ark.exists() and ark.stat().st_size > 0,
+             60, "shard 1 to claim its dir and write into its new ark")
+    victim.send_signal(signal.SIGKILL)
+    out, _ = forced.communicate(timeout=120)
+    assert forced.returncode != 0, out
+    assert not (wd / SET / "merged.json").exists() and not (wd / SET / "split.1/done").exists()
+    status = run_cli(wd, "status").stdout
+    assert "  merged: no" in status and "split.1     incomplete" in status, status
+    with pytest.raises(StaleMergedOutput, match="is not merged"):
+        require_current(wd / SET, inputs)
+    dry = run_snakemake(wd, "-n")
+    assert "shard_typed        1" in dry.stdout and "merge              1" in dry.stdout, dry.stdout
+    assert run_snakemake(wd).returncode == 0
+    assert set_files(wd / SET) == first
+
+
 # -- chained stages --
 
 FRAMES_MODULE = '''

@@ -9,6 +9,8 @@
 
 from types import SimpleNamespace
 
+from snakeshard.core.shard_files import KEYS_FILE, SHARD_FINGERPRINT
+
 
 def _shard_rule_functions(stage):
     """Per-stage params and resources for the rules below (a loop variable in a lambda would bind late)."""
@@ -17,9 +19,9 @@ def _shard_rule_functions(stage):
     def inputs(wildcards):
         return WF.shard_inputs_arg(stage, wildcards.dataset, int(wildcards.shard))
 
-    def group_keys(wildcards):
-        return [f"{WF.out}/{stage}/{wildcards.dataset}/split.{n}/keys"
-                for n in range(int(wildcards.first), int(wildcards.last) + 1)]
+    def group_files(name):
+        return lambda wildcards: [f"{WF.out}/{stage}/{wildcards.dataset}/split.{n}/{name}"
+                                  for n in range(int(wildcards.first), int(wildcards.last) + 1)]
 
     def group_inputs(wildcards):
         return ",".join(WF.shard_inputs_arg(stage, wildcards.dataset, n)
@@ -31,10 +33,13 @@ def _shard_rule_functions(stage):
     def group_upstream(wildcards):
         return WF.shard_upstream(stage, wildcards.dataset, range(int(wildcards.first), int(wildcards.last) + 1))
 
-    def job_inputs(keys, canary, upstream):
-        # The upstream input only for a stage that has one (chained datasets, a trained model): Snakemake's DAG
-        # calls an input function once a job, 0.05-0.1 s of a warm `snakemake -n` at 1,000 shards (bench/RESULTS.md 29).
-        return {"shard_keys": keys, "canary": canary, **({"upstream": upstream} if WF.waits_upstream(stage) else {})}
+    def job_inputs(keys, fingerprint, canary, upstream):
+        # The fingerprint file (see parse.write_shard_fingerprint): a shard whose fingerprint changed reruns by mtime,
+        # also where Snakemake has no record of its done's params. The upstream input only for a stage that has one
+        # (chained datasets, a trained model): Snakemake's DAG calls an input function once a job, 0.05-0.1 s of a
+        # warm `snakemake -n` at 1,000 shards (bench/RESULTS.md 29).
+        return {"shard_keys": keys, "fingerprint": fingerprint, "canary": canary,
+                **({"upstream": upstream} if WF.waits_upstream(stage) else {})}
 
     def escalated(name):
         return lambda wildcards, attempt: res[name] * attempt
@@ -45,7 +50,8 @@ def _shard_rule_functions(stage):
     resources = {name: res[name] for name in SLURM_PASSTHROUGH if name in res}  # unset ones stay unset
     resources.update(mem_mb=escalated("mem_mb"), runtime=escalated("runtime"), cpus_per_task=res["cpus_per_task"])
     return SimpleNamespace(inputs=inputs, resources=resources, upstream=upstream, group_upstream=group_upstream,
-                           group_keys=group_keys, job_inputs=job_inputs,
+                           group_keys=group_files(KEYS_FILE), group_fingerprints=group_files(SHARD_FINGERPRINT),
+                           job_inputs=job_inputs,
                            group_inputs=group_inputs, group_resources={**resources, "runtime": group_runtime})
 
 
@@ -57,8 +63,9 @@ for _stage in [stage for stage in SHARD_STAGES if not WF.grouped(stage)]:
             f"shard_{_stage}"
         input:
             # see canary.smk for the canary
-            **_f.job_inputs(f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/keys", f"{WF.canaries[_stage]['dir']}/done",
-                            _f.upstream),
+            **_f.job_inputs(f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/{KEYS_FILE}",
+                            f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/{SHARD_FINGERPRINT}",
+                            f"{WF.canaries[_stage]['dir']}/done", _f.upstream),
         output:
             done=f"{WF.out}/{_stage}/{{dataset}}/split.{{shard}}/done",
         log:
@@ -87,7 +94,8 @@ for _stage in [stage for stage in SHARD_STAGES if WF.grouped(stage)]:
         name:
             f"shard_{_stage}"
         input:
-            **_f.job_inputs(_f.group_keys, f"{WF.canaries[_stage]['dir']}/done", _f.group_upstream),
+            **_f.job_inputs(_f.group_keys, _f.group_fingerprints, f"{WF.canaries[_stage]['dir']}/done",
+                            _f.group_upstream),
         output:
             done=f"{WF.out}/{_stage}/{{dataset}}/jobs/shards.{{first}}-{{last}}.done",
         log:

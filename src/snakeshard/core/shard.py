@@ -3,14 +3,16 @@
 The same function serves a Snakemake shard job (``snakeshard run-shard``) and the
 in-process call ``MyRunner(provider, output_dir=...)(keys)``.
 
-Crash safety: the shard dir is emptied (all but ``keys``) at start, so nothing
-from a killed attempt survives into this one; ``done`` is written last, by
-rename, and only if this attempt still owns the directory (a driver killed with
--9 can leave an orphaned old attempt running next to a retry).
+Crash safety: an attempt holds ``.attempt`` (flock) from start to end, so a retry waits for an orphaned
+attempt (a driver killed with -9 leaves its jobs running) instead of emptying the dir under it; the shard dir
+is then emptied (all but the plan's ``keys`` and ``items.json``), so nothing from a killed attempt survives into
+this one, and the set's merged.json goes first when that removes files its merged output may point into;
+``done`` is written last, by rename, and only if this attempt still owns the directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -20,7 +22,7 @@ from snakeshard.core.fingerprint import digest_bytes
 from snakeshard.core.fingerprint import keys_digest as digest_keys
 from snakeshard.core.hooks import check_hook_env, injected_kwargs, overrides, runner_name
 from snakeshard.core.progress import ProgressLog
-from snakeshard.core.shard_files import KEYS_FILE, SHARD_ITEMS, read_keys_file
+from snakeshard.core.shard_files import KEYS_FILE, SHARD_FINGERPRINT, SHARD_ITEMS, read_keys_file
 from snakeshard.errors import AudioError, ContractError, ShardError, SnakeshardError
 from snakeshard.io.atomic import atomic_write_json
 from snakeshard.io.writers import FieldWriters
@@ -28,26 +30,53 @@ from snakeshard.version import __version__
 
 ATTEMPT_FILE = ".attempt"
 MAX_LISTED = 5
-KEEP_ON_CLEAR = {KEYS_FILE, SHARD_ITEMS}  # written by the plan: the next parse reuses the plan only if they are there
+# Written at parse: the plan reuses itself only if keys and items.json are there; the fingerprint is a rule input.
+KEEP_ON_CLEAR = {KEYS_FILE, SHARD_ITEMS, SHARD_FINGERPRINT}
 
 
-def clear_shard_dir(shard_dir: str) -> str:
-    """Remove every entry but ``keys`` and ``items.json`` (the plan's), then claim the dir for this attempt;
-    returns the attempt token."""
+@contextlib.contextmanager
+def claimed_shard_dir(shard_dir: str):
+    """Hold ``shard_dir/.attempt`` (flock) for this attempt, empty the dir (``clear_shard_dir``) and write this
+    attempt's token into it; yields the token. An orphaned attempt of the same shard (its snakemake killed with -9)
+    writes its files by path: a retry that emptied the dir under it would end with the orphan's ark in place of its
+    own, so the retry waits here for it to end (the kernel drops the lock when its holder dies)."""
+    import fcntl
+
     os.makedirs(shard_dir, exist_ok=True)
-    for entry in os.scandir(shard_dir):
-        if entry.name in KEEP_ON_CLEAR:
-            continue
+    with open(os.path.join(shard_dir, ATTEMPT_FILE), "a+") as attempt:
+        try:
+            fcntl.flock(attempt, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            attempt.seek(0)
+            holder = attempt.read().partition(":")[0] or "?"
+            print(f"waiting for an earlier attempt of this shard (pid {holder}; its snakemake killed?), still running "
+                  f"in {shard_dir}, to end", file=sys.stderr, flush=True)
+            fcntl.flock(attempt, fcntl.LOCK_EX)
+        clear_shard_dir(shard_dir)
+        token = f"{os.getpid()}:{os.urandom(16).hex()}"  # not uuid: its import (platform, socket) costs every job ~3 ms
+        attempt.truncate(0)
+        attempt.write(token)
+        attempt.flush()
+        yield token
+
+
+def clear_shard_dir(shard_dir: str) -> None:
+    """Remove every entry but the plan's ``keys`` and ``items.json`` and the ``.attempt`` lock. When an earlier
+    attempt's files are there, the set's merged.json goes first: merged scp files point into shard arks, and a
+    merge that says it is current must not outlive them (Snakemake then merges again; a killed forced rerun of
+    one shard left a current-looking merge whose scp pointed at a deleted ark: a user trial, 2026-11-27)."""
+    os.makedirs(shard_dir, exist_ok=True)
+    leftovers = [entry for entry in os.scandir(shard_dir) if entry.name not in KEEP_ON_CLEAR | {ATTEMPT_FILE}]
+    if leftovers and os.path.basename(os.path.abspath(shard_dir)).startswith("split."):  # a set's shard
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(os.path.dirname(os.path.abspath(shard_dir)), "merged.json"))
+    for entry in leftovers:
         if entry.is_dir(follow_symlinks=False):
             import shutil  # only after a failed attempt: its imports cost every job ~2 ms
 
             shutil.rmtree(entry.path)
         else:
             os.unlink(entry.path)
-    token = os.urandom(16).hex()  # not uuid: its import (platform, socket) costs every job ~3 ms
-    with open(os.path.join(shard_dir, ATTEMPT_FILE), "w") as f:
-        f.write(token)
-    return token
 
 
 # With the default writers, items are processed in slices so per-item bookkeeping (progress,
@@ -157,11 +186,7 @@ def run_shard_dir(runner_cls, env: dict, shard_dir, **options):
     return run_shard(runner_cls, env, keys, shard_dir, keys_digest=digest_bytes(raw), **options)
 
 
-def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: int = 0,
-              fingerprint: str | None = None, log_path: str | None = None,
-              batch_size: int | None = None, batch_seconds: float | None = None, sort_by_length: bool = False,
-              progress: bool = True, keys_digest: str | None = None, inputs: dict | None = None,
-              allow_nonfinite=(), outputs: dict | None = None, report_seconds: bool = False, pool=None):
+def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, **options):
     """Run ``runner_cls`` over ``keys``; write fragments and ``done`` into ``shard_dir``.
 
     With ``shard_dir=None`` nothing is written and the list of results is returned (in plan order).
@@ -173,15 +198,26 @@ def run_shard(runner_cls, env: dict, keys: list[str], shard_dir, *, shard_id: in
     ``pool``: a started ``shard_pool.forward_pool``: forward runs in its workers, one key or planned batch at a
     time; results come back here to be written and reduced as without it.
     """
-    where = f"shard {shard_id}" + (f" (log: {log_path})" if log_path else "")
-    kwargs = injected_kwargs(runner_cls, env)  # checked here too with a pool: its workers' envs are alike
+    kwargs = injected_kwargs(runner_cls, env)  # before the dir is emptied: a runner that cannot run loses nothing
     check_hook_env(runner_cls, env)
+    if shard_dir is None:
+        return _run_shard(runner_cls, env, kwargs, keys, None, None, **options)
+    shard_dir = os.fspath(shard_dir)
+    with claimed_shard_dir(shard_dir) as token:  # held until done is written (or the attempt fails)
+        return _run_shard(runner_cls, env, kwargs, keys, shard_dir, token, **options)
+
+
+def _run_shard(runner_cls, env: dict, kwargs: dict, keys: list[str], shard_dir: str | None, token: str | None, *,
+               shard_id: int = 0, fingerprint: str | None = None, log_path: str | None = None,
+               batch_size: int | None = None, batch_seconds: float | None = None, sort_by_length: bool = False,
+               progress: bool = True, keys_digest: str | None = None, inputs: dict | None = None,
+               allow_nonfinite=(), outputs: dict | None = None, report_seconds: bool = False, pool=None):
+    """run_shard's work, in a claimed ``shard_dir`` (``token``: this attempt's), or collecting (both None)."""
+    where = f"shard {shard_id}" + (f" (log: {log_path})" if log_path else "")
     call = functools.partial(runner_cls.forward, **kwargs)
     collect = shard_dir is None
     started = time.time()
     if not collect:
-        shard_dir = os.fspath(shard_dir)
-        token = clear_shard_dir(shard_dir)
         hook_dir = _hook_dir(runner_cls, shard_dir)
 
     state = runner_cls.init_state(**env)

@@ -10,6 +10,10 @@ import os
 
 KEYS_FILE = "keys"  # the shard's keys, one per line (fingerprint.keys_text)
 SHARD_ITEMS = "items.json"  # the shard's slice of the dataset: what load_dataset reads in the job (data.py)
+# The shard's current fingerprint, written at each parse when it changes: an input of the shard's rule, so that
+# Snakemake's mtime trigger reruns a stale shard (workflow/parse.py write_shard_fingerprint). A dot file: no field
+# name can take it.
+SHARD_FINGERPRINT = ".fingerprint"
 CANARY_SPEC = ".spec.json"  # beside a canary's dir (<dir>.spec.json): the spec of a canary over a chained dataset
 MERGE_LOG = "logs/merge.log"  # in a set's dir: the merge rule's log (merge.smk), which `snakeshard status` reads
 

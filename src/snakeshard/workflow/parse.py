@@ -19,7 +19,9 @@ from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, inputs_d
                                          stage_fingerprint, stage_payload, training_fingerprint)
 from snakeshard.core.plan import (AUTO, DEFAULT_SHARDING, ensure_plan, overlapping_shards, read_audio_files,
                                   shards_per_job)
-from snakeshard.core.shard_files import CANARY_SPEC, KEYS_FILE, SHARD_ITEMS, read_shard_keys, shard_job_files
+from snakeshard.core.merge import UnreadableDone, read_done
+from snakeshard.core.shard_files import (CANARY_SPEC, KEYS_FILE, SHARD_FINGERPRINT, SHARD_ITEMS, read_shard_keys,
+                                         shard_job_files)
 from snakeshard.core.user_source import (builtin_config_check, check_import_path, check_module_imports,
                                          check_runner_source, provider_config_keys, provider_merge_options,
                                          runner_default_sharding, source_digest)
@@ -371,6 +373,25 @@ def stage_resources(config: dict, stage: str) -> dict:
     return resources
 
 
+def write_shard_fingerprint(shard_dir: str, fingerprint: str) -> None:
+    """``shard_dir/.fingerprint``: the shard's current fingerprint, an input of its rule. Rewritten when it changes,
+    it is newer than the shard's done, and Snakemake reruns the shard by mtime. Snakemake's params trigger alone
+    (the rule's ``inputs``) needs its record of the done, which a done lacks when a ``shards_per_job`` job wrote it,
+    after ``--cleanup-metadata`` or with .snakemake removed: such a stale shard was left to the merge, which refused
+    it at every run (a user trial, 2026-11-27). A file written for a done that has this fingerprint already (a
+    config changed and changed back, a file deleted) takes the done's mtime: nothing reruns."""
+    path = f"{shard_dir}/{SHARD_FINGERPRINT}"
+    if not write_if_changed(path, fingerprint + "\n"):
+        return
+    try:
+        done = read_done(shard_dir)
+    except UnreadableDone:
+        return
+    if done is not None and done.get("fingerprint") == fingerprint:
+        done_mtime = os.stat(f"{shard_dir}/done").st_mtime_ns
+        os.utime(path, ns=(done_mtime, done_mtime))
+
+
 def read_fingerprints(set_dir: str | os.PathLike) -> dict | None:
     """The fingerprints the last parse computed for ``set_dir`` (see ``Workflow``), or None."""
     try:
@@ -536,8 +557,16 @@ class Workflow:
         self.shard_inputs[stage, ds] = inputs
         self.inputs[stage, ds] = inputs_digest([entry["fingerprint"] for entry in inputs])
         self.data_digests[stage, ds] = set_data_digest(inputs)
-        record = {"stage": fp, "inputs": self.inputs[stage, ds], "shards": inputs}
-        write_if_changed(Path(base) / FINGERPRINTS_FILE, json.dumps(record, indent=0) + "\n")
+        record = json.dumps({"stage": fp, "inputs": self.inputs[stage, ds], "shards": inputs}, indent=0) + "\n"
+        try:  # unchanged since the last parse: the shards' fingerprint files are as it left them (if there)
+            unchanged = (Path(base) / FINGERPRINTS_FILE).read_text(encoding="utf-8") == record
+        except FileNotFoundError:
+            unchanged = False
+        for n, entry in enumerate(inputs):  # before fingerprints.json: a parse killed in between redoes them
+            shard_dir = f"{base}/split.{n}"
+            if not unchanged or not os.path.isfile(f"{shard_dir}/{SHARD_FINGERPRINT}"):
+                write_shard_fingerprint(shard_dir, entry["fingerprint"])
+        write_if_changed(Path(base) / FINGERPRINTS_FILE, record)
 
     def _write_specs(self) -> None:
         """Each set's spec.json, with how its shards are grouped into jobs (known once every set of its stage is

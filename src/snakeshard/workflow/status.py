@@ -13,6 +13,7 @@ from pathlib import Path
 from snakeshard.core.merge import (MAX_LISTED, UnreadableDone, done_moved, merged_record, missing_merged_files,
                                    moved_fix, moved_from, read_done, remerge_fix)
 from snakeshard.core.plan import shards_text
+from snakeshard.core.shard import ATTEMPT_FILE
 from snakeshard.core.shard_files import MERGE_LOG
 from snakeshard.errors import ERROR_PREFIX
 from snakeshard.train.stage import training_state
@@ -74,12 +75,29 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple
     tail = lines[-5:]
     if any(line.startswith(ERROR_PREFIX) for line in tail) or any("Error" in line for line in tail[-1:]):
         return "failed", "\n".join("      | " + line for line in tail)
-    if (shard_dir / ".attempt").exists():
+    if (shard_dir / ATTEMPT_FILE).exists():
         if any(f": {INTERRUPTED};" in line for line in tail):  # the job's own line on Ctrl-C (workflow.job)
             return "incomplete", "interrupted (SIGINT, Ctrl-C): the next run runs it again"
-        return "incomplete", ("started, no done: running now, or killed (if its log has no error, the "
-                              "cause may be in snakemake's own output)")
+        if attempt_running(shard_dir):
+            return "incomplete", "running now"
+        return "incomplete", ("started, no done, and no attempt holds it here: killed, its done deleted, or running "
+                              "on another node (if its log has no error, the cause may be in snakemake's own output)")
     return "pending", ""
+
+
+def attempt_running(shard_dir: Path) -> bool:
+    """Whether an attempt holds the shard's ``.attempt`` lock (core.shard.claimed_shard_dir): a job running on this
+    machine, or on another one where the shared filesystem passes flocks on."""
+    import fcntl
+
+    try:
+        with open(shard_dir / ATTEMPT_FILE) as attempt:
+            fcntl.flock(attempt, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def canary_failure(stage: str, canary: dict, log: Path) -> str | None:
@@ -218,7 +236,7 @@ def print_status(wf) -> None:
                 state, detail = "removed", (f"done deleted after the merge; `{snakemake_command()} {force}{output}` "
                                             "redoes it")
                 removed += 1
-            elif deleted and newer_than_merge(base, [str(shard_dir / ".attempt")]) is None:  # not started since
+            elif deleted and newer_than_merge(base, [str(shard_dir / ATTEMPT_FILE)]) is None:  # not started since
                 state, detail = "pending", ("done deleted after the merge; the next run redoes it, as it makes the "
                                             "merge again")
             counts[state] = counts.get(state, 0) + 1
