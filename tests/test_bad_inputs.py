@@ -267,6 +267,13 @@ def test_provider_config_keys_the_provider_does_not_take_are_refused_at_parse_al
     set_stage(toy, provider="keyed.KeyedProvider", provider_config={"sufix": "!"})
     assert_dry_run_refuses(toy, [ERROR_PREFIX + "stages.upper.provider_config: 'sufix' (did you mean 'suffix'?) is "
                                  "not a key that keyed.KeyedProvider takes (suffix, item_delay)"])
+    # computed rather than written out: read without importing, it cannot be known, and was taken as undeclared
+    # (every key passed on, silently; a code review)
+    (toy / "keyed.py").write_text("from toy import ToyProvider\n\nBASE = ('suffix',)\n\n\nclass KeyedProvider(ToyProvider):\n"
+                                  "    config_keys = BASE + ('item_delay',)\n")
+    assert_dry_run_refuses(toy, [ERROR_PREFIX + "stages.upper.provider: keyed.KeyedProvider.config_keys = BASE + "
+                                 f"('item_delay',) ({toy / 'keyed.py'}:7) is not a literal: snakeshard reads it from the "
+                                 "source at parse, without importing the module; write its value out"])
     set_stage(toy, provider="toy.ToyProvider")
     assert run_snakemake(toy, "-n").returncode == 0
 

@@ -190,6 +190,23 @@ def test_contract_error_leaves_previous_shard_output_alone(tmp_path):
     assert {p: (out / p).read_bytes() for p in listing(out)} == before
 
 
+def test_a_provider_that_builds_no_dict_is_named_and_loses_nothing(tmp_path):
+    """build_env_local returning None (a forgotten return): a ContractError saying what the provider built and what
+    it must return (was: TypeError: 'NoneType' object is not iterable, from inside snakeshard; a code review);
+    the shard dir's earlier output stays."""
+    class Forgetful(EnvironmentProvider):
+        def build_env_local(self):
+            {"suffix": "!"}  # noqa: B018 -- the missing return under test
+
+    out = tmp_path / "out"
+    UpperRunner(DictProvider({}), output_dir=out)(KEYS)
+    before = {p: (out / p).read_bytes() for p in listing(out)}
+    with pytest.raises(ContractError, match=r"the provider built NoneType, not an env \(a dict of the names "
+                                            r".*UpperRunner\.forward takes\): its build_env_local .* must return a dict"):
+        UpperRunner(Forgetful({}), output_dir=out)(KEYS)
+    assert {p: (out / p).read_bytes() for p in listing(out)} == before
+
+
 @pytest.mark.parametrize("name", sorted(RESERVED_ENV_NAMES))
 def test_env_key_clashing_with_reserved_name(name, tmp_path):
     """The provider's env holds a reserved hook name (state, writers, ...): ContractError naming it and the runner."""

@@ -127,18 +127,31 @@ def test_bad_segment_times_fail_the_plan(project, line, message):
     fails_with(project, "data/six/segments:4", message, args=("-n",))
 
 
-def test_segment_past_the_end_is_an_error_unless_the_dataset_tolerates_it(project):
-    """k4 is 0.5 s; a segment to 0.8 s fails naming key and line. With max_segment_overshoot 0.5 (Kaldi's
-    extract-segments default) it is cut at the end of the recording."""
-    (project / "data/six/segments").write_text("".join(
-        f"{k} {k} 0.0 {0.8 if k == 'k4' else 0.25}\n" for k in KEYS))
-    fails_with(project, "shard 4", "key 'k4' (data/six/segments:5)", "segment 0.0-0.8 s ends past the end",
-               "(0.500 s)", "max_segment_overshoot")
+def test_segment_past_the_end_is_cut_within_kaldis_tolerance_and_an_error_beyond_it(project):
+    """k4 is 0.5 s. A segment to 0.8 s is cut at the end of the recording, as Kaldi's extract-segments cuts up to
+    0.5 s past it (the default: a user trial's rounded segment times overshot by 1-5 ms and failed). A segment to
+    1.2 s fails naming key, line, the overshoot allowed and the config key; `max_segment_overshoot: 1.0` cuts it
+    too; 0 refuses any overshoot."""
+    def segments(end: float) -> None:
+        (project / "data/six/segments").write_text("".join(
+            f"{k} {k} 0.0 {end if k == 'k4' else 0.25}\n" for k in KEYS))
+
+    segments(0.8)
+    assert run_snakemake(project).returncode == 0
+    assert b"k4 8000\n" in merged(project)["samples"]
+    segments(1.2)
+    fails_with(project, "shard 4", "key 'k4' (data/six/segments:5)", "segment 0.0-1.2 s ends past the end",
+               "(0.500 s) by more than max_segment_overshoot=0.5 s", "datasets.six.max_segment_overshoot")
     config = read_config(project)
-    config["datasets"]["six"]["max_segment_overshoot"] = 0.5
+    config["datasets"]["six"]["max_segment_overshoot"] = 1.0
     write_config(project, config)
     assert run_snakemake(project).returncode == 0
     assert b"k4 8000\n" in merged(project)["samples"]
+    config["datasets"]["six"]["max_segment_overshoot"] = 0
+    write_config(project, config)
+    segments(0.51)
+    fails_with(project, "shard 4", "segment 0.0-0.51 s ends past the end", "(0.500 s); fix the segment or set "
+               "datasets.six.max_segment_overshoot")
 
 
 def test_sample_rate_other_than_the_stage_declares_is_refused_by_the_library(project):

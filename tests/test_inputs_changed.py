@@ -17,6 +17,7 @@ import pytest
 import soundfile as sf
 
 from conftest import copy_workflow, read_config, run_cli, run_snakemake, write_config
+import snakeshard
 from snakeshard import load_dataset
 from snakeshard.core.merge import StaleMergedOutput, require_current
 from snakeshard.errors import SnakeshardError
@@ -315,6 +316,10 @@ def test_failed_rerun_leaves_merged_output_stale_and_refused(project):
     current = read_fingerprints(project / SET)["inputs"]
     with pytest.raises(StaleMergedOutput, match="the merged output is stale"):
         require_current(project / SET, current)
+    with pytest.raises(StaleMergedOutput, match="the merged output is stale"):  # the public form: the last parse's
+        snakeshard.require_current(project / SET)
+    with pytest.raises(StaleMergedOutput, match=r"results: no fingerprints\.json .*not a stage's set"):
+        snakeshard.require_current(project / "results")
     (project / "ref.txt").write_text("".join(f"{k} x\n" for k in KEYS))
     wer = run_cli(project, "wer", "--hyp", f"{SET}/ref", "--ref", "ref.txt")
     assert wer.returncode == 1 and "the merged output is stale" in wer.stderr
@@ -324,6 +329,7 @@ def test_failed_rerun_leaves_merged_output_stale_and_refused(project):
     assert rerun(project) == {6}
     assert "merged: yes, current" in status(project)
     assert isinstance(require_current(project / SET, read_fingerprints(project / SET)["inputs"]), dict)
+    assert snakeshard.require_current(project / SET)["inputs"] == read_fingerprints(project / SET)["inputs"]
 
 
 def test_appending_keys_runs_only_the_new_and_last_shards(tmp_path):

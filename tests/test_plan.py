@@ -187,7 +187,8 @@ def test_max_shard_items_goes_with_num_shards_alone():
 
 def test_sharding_needs_exactly_one_mode():
     """Gives both num_shards and shard_size (and then neither): ConfigError naming the modes."""
-    with pytest.raises(ConfigError, match=r"exactly one of num_shards, shard_size, shard_seconds; got \['num_shards', 'shard_size'\]"):
+    with pytest.raises(ConfigError, match=r"sharding: set exactly one of num_shards, shard_size, shard_seconds \(got "
+                                          r"\['num_shards', 'shard_size'\]\)"):
         plan_shards(items([1.0]), {"num_shards": 2, "shard_size": 1})
     with pytest.raises(ConfigError, match="got none"):
         plan_shards(items([1.0]), {})

@@ -132,12 +132,12 @@ other outputs what the README and docs/stages.md and docs/outputs.md show."""
     import doctest
     import os
 
-    block = doc_block(STAGES, "python", ">>> import kaldiio, numpy as np")
-    test = doctest.DocTestParser().get_doctest(block, {}, STAGES, STAGES, 0)
     cwd = os.getcwd()
     os.chdir(workdir)
     try:
-        assert doctest.DocTestRunner().run(test).failed == 0
+        for page, first in ((STAGES, ">>> import kaldiio, numpy as np"), (GUIDE, ">>> import snakeshard\n>>> record")):
+            test = doctest.DocTestParser().get_doctest(doc_block(page, "python", first), {}, page, page, 0)
+            assert doctest.DocTestRunner().run(test).failed == 0, page
     finally:
         os.chdir(cwd)
 

@@ -375,6 +375,30 @@ def test_checkpoints_of_which_none_reads_are_named_with_how_to_start_over(tmp_pa
     assert all(str(p) in message for p in [manager.latest, *manager.history_files()])
 
 
+def test_a_sound_checkpoint_naming_code_that_does_not_import_is_not_called_unreadable(tmp_path, monkeypatch):
+    """A checkpoint holding an object of the user's class (weights_only=False), that class's module gone since: the
+    file is sound, so the error says what does not import, and does not advise deleting the checkpoints (it said
+    "no readable checkpoint ... Delete <dir> to start over", as for a file cut short; a code review)."""
+    import sys
+
+    from snakeshard.errors import SnakeshardError
+    from snakeshard.train.checkpoint import CheckpointManager
+
+    (tmp_path / "gone_meter.py").write_text("class Meter:\n    total = 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from gone_meter import Meter
+
+    manager = CheckpointManager(tmp_path / "checkpoints", keep_latest_k=2)
+    manager.save({"step": 1, "meter": Meter()}, step=1)
+    (tmp_path / "gone_meter.py").unlink()
+    monkeypatch.delitem(sys.modules, "gone_meter")
+    with pytest.raises(SnakeshardError) as e:
+        manager.load_latest()
+    assert str(e.value).startswith(f"checkpoint {manager.latest} reads, but names code that does not import now "
+                                   "(ModuleNotFoundError: No module named 'gone_meter'): restore that module or class")
+    assert manager.latest.exists()
+
+
 @pytest.mark.parametrize("killed_at", [0, 1, 2])
 def test_a_kill_inside_a_best_save_never_leaves_a_checkpoint_counting_a_best_that_is_not_on_disk(tmp_path, monkeypatch,
                                                                                                  killed_at):

@@ -30,6 +30,10 @@ def __getattr__(name: str):
         from snakeshard.io import batch
 
         return getattr(batch, name)
+    if name == "require_current":  # for a user's own reader of merged output (docs/guide.md)
+        from snakeshard.core.merge import require_current
+
+        return require_current
     if name == "load_dataset":  # the datasets' readers (json, numpy on use): a provider's, not every job's
         from snakeshard.core.data import load_dataset
 
@@ -38,4 +42,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["Audio", "BaseRunner", "EnvironmentProvider", "InferenceProvider", "SnakeshardError", "__version__",
-           "check_config_file", "collate", "load_dataset", "snakefile", "unbatch"]
+           "check_config_file", "collate", "load_dataset", "require_current", "snakefile", "unbatch"]

@@ -2,7 +2,7 @@
 # dataset before any of its shard jobs is scheduled, so a broken stage (a provider that lacks an env
 # name forward asks for, a result the writers refuse) fails once, in one job, with one message,
 # instead of in every shard job (on SLURM: N submitted jobs). `canary: N` keys, per stage or at the
-# top level (0: off); on by default (workflow.DEFAULT_CANARY), with every profile.
+# top level (0: off); on by default (workflow.parse.DEFAULT_CANARY), with every profile.
 #
 # Why it is shaped like this: Snakemake skips its own rerun checks (params, keys) for every job
 # downstream of a job that has to run, so a canary rerun must never happen unless all of the stage's

@@ -5,7 +5,7 @@
 # A stage with `shards_per_job: K` gets, under the same rule name, one job per K consecutive shards
 # (`run-shards`): its output is jobs/shards.FIRST-LAST.done, each shard still writes split.N/done.
 # Every value a command line holds is quoted ({...:q}), here and in the other rules: output_dir may hold
-# spaces, quotes, `$()` or `;` (workflow.check_output_dir), and it starts every path the rules name.
+# spaces, quotes, `$()` or `;` (workflow.parse.check_output_dir), and it starts every path the rules name.
 
 from types import SimpleNamespace
 

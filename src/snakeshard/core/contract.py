@@ -8,9 +8,9 @@ Kept compatible in spirit with ESPnet3's parallel runner:
 * ``BaseRunner.forward`` is a ``@staticmethod`` whose first parameter receives a
   key (or a list of keys when ``batch_size`` is set) and whose other parameters
   are filled from ``env`` by name; ``**env`` receives everything.
-* Hooks shape one shard's life: ``init_state -> (forward -> write_record,
-  reduce_state)* -> close_writers -> finalize_state -> done``; ``merge`` runs once
-  in the merge rule.
+* Hooks shape one shard's life: ``init_state, open_writers -> (forward -> reduce_state
+  -> write_record)* -> close_writers -> finalize_state -> done`` (``write_record`` gets the
+  state after that item's ``reduce_state``); ``merge`` runs once in the merge rule.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ directory (the workflow directory), as in Kaldi and ESPnet recipes. The shard
 job's spec adds ``sample_rate`` (the stage's) and ``max_segment_overshoot``.
 
 A chained dataset is another stage's merged output (``format: stage``, made by
-workflow.run_spec from ``{from_stage: fbank, dataset: demo}``): its keys, durations
+workflow.parse.run_spec from ``{from_stage: fbank, dataset: demo}``): its keys, durations
 and audio are those of the upstream stage's dataset (``source``), and
 ``load_dataset`` gives providers the upstream's fields as well (``load_array``,
 ``load_audio(key, field)``, ``load_field``), after checking the merged output is
@@ -301,7 +301,8 @@ def read_items(spec: dict, with_records: bool = True) -> list[Item]:
     elif fmt == "jsonl":
         items = _read_jsonl(path, spec)
     else:
-        raise DataError(f"dataset {path}: unknown format {fmt!r} (use 'kaldi' or 'jsonl')")
+        where = f"datasets.{spec['name']}.format" if spec.get("name") else f"dataset {path}: format"
+        raise DataError(f"{where}: unknown format {fmt!r} (use 'kaldi' or 'jsonl')")
     if not items:
         raise empty_dataset_error(spec, path, path / "wav.scp" if fmt == "kaldi" else path)
     validate_keys(items, str(path))
@@ -509,9 +510,11 @@ class KaldiDataset:
         return item
 
     def _audio_checks(self) -> dict:
+        from snakeshard.io.audio import KALDI_MAX_OVERSHOOT
+
         source = source_spec(self.spec)
         return {"sample_rate": self.spec.get("sample_rate"), "dataset": source.get("name"),
-                "max_overshoot": float(source.get("max_segment_overshoot", 0.0))}
+                "max_overshoot": float(source.get("max_segment_overshoot", KALDI_MAX_OVERSHOOT))}
 
     def load_mono_audio(self, key: str, dtype: str = "float32"):
         """``load_audio``, for a stage that reads one channel: a multi-channel recording is refused naming the
@@ -541,7 +544,7 @@ class StageOutputDataset(KaldiDataset):
         super().__init__(spec)
         self.set_dir = Path(spec["path"])
         # A shard job reads the upstream shards that hold its keys (the job checked they are current, see
-        # job.upstream_shard_dirs); anything else reads the merged output, which must be current.
+        # workflow.job.read_upstream_shards); anything else reads the merged output, which must be current.
         self.sources = spec.get("upstream_dirs")
         if self.sources:
             from snakeshard.core.merge import SHARD_ONLY_META, read_done

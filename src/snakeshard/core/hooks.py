@@ -45,6 +45,9 @@ def injected_kwargs(runner_cls: type, env: dict) -> dict:
     lacks, or the env holds a name the shard loop reserves.
     """
     name = runner_name(runner_cls)
+    if not isinstance(env, dict):  # a provider's build method that returns nothing, or the wrong thing
+        raise ContractError(f"the provider built {type(env).__name__}, not an env (a dict of the names {name}.forward "
+                            "takes): its build_env_local / build_env / build_worker_setup_fn()() must return a dict")
     clashes = sorted(RESERVED_ENV_NAMES & set(env))
     if clashes:
         raise ContractError(f"env key {clashes[0]!r} from the provider clashes with a name {name} hooks reserve; rename it")

@@ -21,7 +21,7 @@ import zlib
 from pathlib import Path
 
 from snakeshard.core.set_summary import write_set_summary
-from snakeshard.core.shard_files import read_shard_keys, shard_job_files
+from snakeshard.core.shard_files import FINGERPRINTS_FILE, read_shard_keys, shard_job_files
 from snakeshard.errors import MergeError, SnakeshardError
 from snakeshard.io.atomic import atomic_write_bytes, atomic_write_json, remove_temps_of
 
@@ -313,7 +313,7 @@ def _checked_lines(shard_dir: Path, name: str, keys: list[str]) -> str:
 def merge_set(set_dir: Path, plan: dict, fingerprints: dict, runner_cls) -> dict:
     """Validate all shards of one stage/dataset, let the runner merge them, record ``merged.json``.
 
-    ``fingerprints`` is what the parse computed (workflow.FINGERPRINTS_FILE): the stage fingerprint,
+    ``fingerprints`` is what the parse computed (shard_files.FINGERPRINTS_FILE): the stage fingerprint,
     each shard's expected one, and their digest, which merged.json records as its inputs.
     """
     set_dir = Path(set_dir)
@@ -393,10 +393,17 @@ def require_current_shards(set_dir, shards: range, upstream: str) -> list[str]:
     return dirs
 
 
-def require_current(set_dir, inputs: str) -> dict:
-    """``set_dir``'s merged.json if it was made from ``inputs`` (the current plan's digest), here; else an
-    error saying the merged files there are missing (no merged.json, or a file it lists is gone), stale or moved.
-    Every reader of merged output calls this first."""
+def require_current(set_dir, inputs: str | None = None) -> dict:
+    """``set_dir``'s merged.json if it was made from ``inputs`` (the current plan's digest; by default, the one
+    the last snakemake parse wrote to the set's fingerprints.json), here; else an error saying the merged files
+    there are missing (no merged.json, or a file it lists is gone), stale or moved. Every reader of merged output
+    calls this first (``snakeshard.require_current`` for your own code, e.g. a rule of yours after the merge)."""
+    if inputs is None:
+        try:
+            inputs = json.loads(Path(set_dir, FINGERPRINTS_FILE).read_text())["inputs"]
+        except (OSError, ValueError, KeyError):
+            raise StaleMergedOutput(f"{set_dir}: no {FINGERPRINTS_FILE} (a set's dir under output_dir is given one "
+                                    "at each snakemake parse): not a stage's set, or snakemake has not run") from None
     record = merged_record(set_dir)
     if record is None:
         raise StaleMergedOutput(f"{set_dir} is not merged (no merged.json): run snakemake first")

@@ -94,13 +94,22 @@ def split_by_budget(costs: list[float], budget: float) -> list[int]:
     return starts
 
 
+def sharding_mode(sharding: dict, where: str = "sharding") -> str:
+    """The one of num_shards / shard_size / shard_seconds that ``sharding`` sets; a ConfigError naming ``where``
+    otherwise, or for a max_shard_items beside shard_size or shard_seconds (which already size a shard)."""
+    given = [k for k in ("num_shards", "shard_size", "shard_seconds") if sharding.get(k) is not None]
+    if len(given) != 1:
+        raise ConfigError(f"{where}: set exactly one of num_shards, shard_size, shard_seconds (got {given or 'none'})")
+    if sharding.get("max_shard_items") is not None and given != ["num_shards"]:
+        raise ConfigError(f"{where}.max_shard_items: only with num_shards ({given[0]} already sets how big a shard "
+                          "is)")
+    return given[0]
+
+
 def shard_counts(manifest, sharding: dict) -> list[int]:
     """How many consecutive items of ``manifest`` each shard takes, by exactly one of num_shards / shard_size /
     shard_seconds."""
-    given = [k for k in ("num_shards", "shard_size", "shard_seconds") if sharding.get(k) is not None]
-    if len(given) != 1:
-        raise ConfigError(f"sharding must set exactly one of num_shards, shard_size, shard_seconds; got {given or 'none'}")
-    mode = given[0]
+    mode = sharding_mode(sharding)
     n = manifest.num_items
     if mode == "shard_size":
         starts = list(range(0, n, int(sharding["shard_size"])))

@@ -15,11 +15,12 @@ SHARD_ITEMS = "items.json"  # the shard's slice of the dataset: what load_datase
 # name can take it.
 SHARD_FINGERPRINT = ".fingerprint"
 CANARY_SPEC = ".spec.json"  # beside a canary's dir (<dir>.spec.json): the spec of a canary over a chained dataset
+FINGERPRINTS_FILE = "fingerprints.json"  # beside plan.json, from each parse: what readers of merged output check
 MERGE_LOG = "logs/merge.log"  # in a set's dir: the merge rule's log (merge.smk), which `snakeshard status` reads
 
 
 def read_spec(path: str) -> dict:
-    """A stage's ``spec.json`` (written at each parse, see workflow.run_spec)."""
+    """A stage's ``spec.json`` (written at each parse, see workflow.parse.run_spec)."""
     with open(path, encoding="utf-8") as f:
         return json.load(f)
 
@@ -35,11 +36,11 @@ def read_shard_keys(shard_dir: str | os.PathLike) -> list[str]:
     return read_keys_file(shard_dir)[0]
 
 
-def shard_job_files(base: str, shard: int, shards_per_job: int, num_shards: int,
-                    grouped: bool | None = None) -> tuple[str, str]:
+def shard_job_files(base: str, shard: int, shards_per_job: int, num_shards: int, grouped: bool) -> tuple[str, str]:
     """(log, rule output) of the job running ``shard`` of the set in ``base`` (the rules in shard.smk): its own, or
-    when its stage's jobs are ``grouped`` (default: ``shards_per_job`` > 1), its group's."""
-    if not (shards_per_job > 1 if grouped is None else grouped):
+    when its stage's jobs are ``grouped`` (its rule runs groups of shards: ``shards_per_job`` > 1 somewhere), its
+    group's of ``shards_per_job``."""
+    if not grouped:
         return f"{base}/logs/split.{shard}.log", f"{base}/split.{shard}/done"
     first = shard // shards_per_job * shards_per_job
     last = min(first + shards_per_job, num_shards) - 1

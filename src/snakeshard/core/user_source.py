@@ -202,8 +202,10 @@ def class_literal(path: str, name: str, where: str):
         if getattr(target, "id", None) == name:
             try:
                 return ast.literal_eval(item.value)
-            except ValueError:
-                return None
+            except (ValueError, TypeError, SyntaxError):  # a name or a call: silently None would turn a check off
+                raise ConfigError(f"{where}: {path}.{name} = {ast.unparse(item.value)} ({found[0]}:{item.lineno}) is "
+                                  "not a literal: snakeshard reads it from the source at parse, without importing "
+                                  "the module; write its value out (a tuple, list, dict, string or number)") from None
     return None
 
 

@@ -1,13 +1,12 @@
 """Tiny offline PocketSphinx (5.x) recogniser used by the demo shard jobs.
 
 Only the US-English model bundled inside the ``pocketsphinx`` wheel is used,
-so decoding needs no network and no downloads, and the exact model bytes can be
-fingerprinted via :func:`model_files` (a shard's output depends on them).
+so decoding needs no network and no downloads. Its files are not in the stage's
+fingerprint (only files named in provider_config are): a pocketsphinx upgrade
+that changes them reruns nothing unless a provider_config value is bumped.
 """
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 import pocketsphinx
@@ -15,12 +14,6 @@ import pocketsphinx
 #: Defaults for every decoder: quiet (PocketSphinx logs every utterance at
 #: INFO to stderr, which would swamp job logs) and 16 kHz, like data/demo.
 DEFAULT_OPTIONS = {"loglevel": "FATAL", "samprate": 16000}
-
-# Config keys whose values name model files outside the acoustic model dir.
-_FILE_KEYS = ("lm", "dict", "fdict", "jsgf", "fsg", "kws", "lmctl",
-              "mdef", "mean", "var", "tmat", "mixw", "sendump",
-              "featparams", "lda", "mllr", "senmgau")
-
 
 def _config(**options) -> pocketsphinx.Config:
     # Config() fills in hmm/lm/dict from pocketsphinx.get_model_path(), i.e.
@@ -61,28 +54,3 @@ def decode(decoder: pocketsphinx.Decoder, samples: np.ndarray) -> str:
     decoder.end_utt()
     hyp = decoder.hyp()
     return " ".join(hyp.hypstr.lower().split()) if hyp is not None else ""
-
-
-def model_files(**options) -> list[str]:
-    """Absolute paths of every model file a ``make_decoder(**options)`` loads.
-
-    That is all files in the acoustic-model directory plus the LM and
-    dictionary (and any other file-valued option), sorted, so callers can hash
-    them to make results depend on the exact model version.
-    """
-    config = _config(**options)
-    paths = set()
-    hmm = config["hmm"]
-    if hmm:
-        for name in os.listdir(hmm):
-            path = os.path.join(hmm, name)
-            if os.path.isfile(path):
-                paths.add(os.path.abspath(path))
-    for key in _FILE_KEYS:
-        try:
-            value = config[key]
-        except KeyError:
-            continue
-        if value:
-            paths.add(os.path.abspath(value))
-    return sorted(paths)

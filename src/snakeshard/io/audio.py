@@ -92,8 +92,13 @@ def _run_pipe(command: str, where: str) -> bytes:
     return done.stdout
 
 
-def read_item_audio(item, *, dtype: str = "float32", sample_rate: int | None = None, max_overshoot: float = 0.0,
-                    dataset: str | None = None):
+# Seconds a segment may end past its recording, cut off there: Kaldi's extract-segments --max-overshoot default, so
+# that a Kaldi data dir whose segment times were rounded reads as Kaldi reads it (a user trial met 1-5 ms overshoots).
+KALDI_MAX_OVERSHOOT = 0.5
+
+
+def read_item_audio(item, *, dtype: str = "float32", sample_rate: int | None = None,
+                    max_overshoot: float = KALDI_MAX_OVERSHOOT, dataset: str | None = None):
     """(samples, rate) of a dataset item (``snakeshard.core.data.Item``): a file or a pipe, cut to its segment.
     ``dataset``: the name of the item's dataset in the config (the one its ``max_segment_overshoot`` is set in)."""
     import soundfile
@@ -122,7 +127,7 @@ def read_item_audio(item, *, dtype: str = "float32", sample_rate: int | None = N
     return samples, rate
 
 
-def check_item_audio_header(item, *, sample_rate: int | None = None, max_overshoot: float = 0.0,
+def check_item_audio_header(item, *, sample_rate: int | None = None, max_overshoot: float = KALDI_MAX_OVERSHOOT,
                             dataset: str | None = None) -> bool:
     """Raise the AudioError ``read_item_audio`` would, from the file's header alone (no samples decoded); a pipe
     is not run: False for one (not checked), True for a file that passed."""
@@ -150,6 +155,6 @@ def _check_usable(item, where: str, name: str, rate: int, frames: int, sample_ra
             allowed = f" by more than max_segment_overshoot={max_overshoot} s" if max_overshoot else ""
             setting = f"datasets.{dataset}.max_segment_overshoot" if dataset else "max_segment_overshoot in the dataset spec"
             raise AudioError(f"{where}: segment {start}-{end} s ends past the end of {name} ({length:.3f} s){allowed}; "
-                             f"fix the segment or set {setting} (Kaldi's extract-segments tolerates 0.5 s)", item.key)
+                             f"fix the segment or set {setting}", item.key)
         if min(int(end * rate), frames) <= int(start * rate):  # what the cut samples[start:end] would hold
             raise AudioError(f"{where}: segment {start}-{end} s of {name} holds no samples at {rate} Hz", item.key)

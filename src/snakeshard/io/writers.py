@@ -195,8 +195,8 @@ class TextField(_Field):
             if hasattr(value, "item"):  # numpy scalar
                 value = value.item()
             if type(value) is float and not (self.allow_nonfinite or math.isfinite(value)):
-                raise ContractError(f"item {key!r}: field {self.name!r} is {value}; list the field under the "
-                                    "stage's allow_nonfinite if that is a valid result")
+                raise ContractError(f"item {key!r}: field {self.name!r} is {value}; list the field under "
+                                    "stages.<stage>.allow_nonfinite if that is a valid result")
             value = str(value)
         if has_line_break(value):
             raise ContractError(f"item {key!r}: field {self.name!r} holds a line break ({_first_break(value)!r}), "
@@ -231,7 +231,7 @@ class JsonlField(_Field):
             line = self._encode({"key": key, "value": value})
         except ValueError:
             raise ContractError(f"item {key!r}: field {self.name!r} holds a NaN or infinity; list the field under "
-                                "the stage's allow_nonfinite if that is a valid result") from None
+                                "stages.<stage>.allow_nonfinite if that is a valid result") from None
         except TypeError as e:
             raise ContractError(f"item {key!r}: field {self.name!r}: {e}") from None
         if any(c in line for c in _JSON_RAW_BREAKS):
@@ -253,7 +253,7 @@ def check_finite(array, key: str, name: str) -> None:
     if not np.isfinite(array).all():  # not just an overflowing sum
         bad = int(np.flatnonzero(~np.isfinite(array.ravel()))[0])
         raise ContractError(f"item {key!r}: field {name!r} holds {array.ravel()[bad]} (flat index {bad}); "
-                            "list the field under the stage's allow_nonfinite if that is a valid result")
+                            "list the field under stages.<stage>.allow_nonfinite if that is a valid result")
 
 
 class _ShapeCheck:
@@ -455,11 +455,10 @@ class FieldWriters:
     index's bytes (the merge trusts an index only while it is byte for byte what was checked here).
     """
 
-    allow_nonfinite: frozenset = frozenset()
-    outputs: dict = {}
-    order: list[str] | None = None
-
     def __init__(self, shard_dir: str | os.PathLike):
+        self.allow_nonfinite: frozenset = frozenset()
+        self.outputs: dict = {}  # per instance: a runner's open_writers may preset formats in it
+        self.order: list[str] | None = None
         self.shard_dir = os.fspath(shard_dir)
         self.writers: dict[str, _Field] = {}
         self.kinds: dict[str, str] = {}

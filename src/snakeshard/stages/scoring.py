@@ -38,7 +38,7 @@ SCORE_METRICS = ("auroc", "auprc", "eer", "min_dcf")  # BinaryScores: need every
 ADDITIVE = {"wer": WordErrorRate, "cer": CharacterErrorRate, "classification": ConfusionMatrix,
             "regression": RegressionMetrics}  # text metrics take the normalization
 STATE_FILE = "metric_state.json"
-METRICS_JSON, METRICS_TXT, METRICS_PNG = "metrics.json", "metrics.txt", "metrics.png"
+METRICS_JSON, METRICS_TXT = "metrics.json", "metrics.txt"
 WHERE = "stages.<stage>.provider_config"
 DCF_DEFAULTS = {"p_target": 0.01, "c_miss": 1.0, "c_fa": 1.0}  # min_dcf's target prior and costs
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import re
 import warnings
 from pathlib import Path
@@ -89,9 +90,13 @@ class CheckpointManager:
         for path in candidates:
             try:
                 state = read_checkpoint(path)
-            except Exception as e:  # truncated, empty, not a torch file
+            except (EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as e:  # empty, cut short, not torch's
                 failed.append((path, f"{type(e).__name__}: {e}".splitlines()[0][:200]))
                 continue
+            except (ImportError, AttributeError) as e:  # a sound file naming code that does not import now
+                raise UnreadableCheckpoints(
+                    f"checkpoint {path} reads, but names code that does not import now ({type(e).__name__}: {e}): "
+                    "restore that module or class, or move the checkpoints away to start over") from e
             for bad, why in failed:
                 warnings.warn(f"checkpoint {bad} is unreadable ({why}); resuming from {path} instead",
                               CheckpointWarning, stacklevel=2)

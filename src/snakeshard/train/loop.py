@@ -1,7 +1,7 @@
 """The training loop: deterministic batch order, checkpoints at step boundaries, exact resume.
 
 ``train(runner_cls, env, train_keys, valid_keys, config, run_dir, fingerprint=..., restart=...,
-batches=..., valid_batches=..., split_env=..., on_line=..., inputs=...)``
+batches=..., valid_batches=..., split_env=..., on_line=..., inputs=..., continues=...)``
 
 ``batches``: the train batches as lists of keys, fixed for the run (e.g. grouped by length); each epoch then
 runs them in an order seeded by (seed, epoch); ``valid_batches`` likewise, run in their order. Without them,
@@ -489,10 +489,12 @@ REFUSED = "was written by an unfinished run of another config or data"  # in the
 
 @dataclass
 class NextRun:
-    """What the next run of a training does with the newest checkpoint in its dir (``next_run``)."""
+    """What the next run of a training does with the newest checkpoint in its dir (``next_run``): ``sentence``, the
+    decision (resume, start, start over, refuse) as status words it after "the next run "; ``differs``, what differs
+    between the checkpoint's config and data and the current ones (None: nothing)."""
 
-    sentence: str               # the decision (resume, start, start over, refuse) as status says it, after
-    differs: str | None = None  # "the next run "; what differs from the checkpoint's config and data
+    sentence: str
+    differs: str | None = None
 
 
 def next_run(run_dir: str | os.PathLike, config: dict, fingerprint: str, inputs: dict | None,
@@ -543,12 +545,11 @@ def _start_over(ckdir: Path, log_path: Path) -> None:
     log_path.unlink(missing_ok=True)
 
 
-def _end_epoch(runner_cls, name, p, score, meters, valid_batches, eval_kwargs, model, write, world=None) -> bool:
+def _end_epoch(runner_cls, name, p, score, meters, valid_batches, eval_kwargs, model, write, world) -> bool:
     """Evaluate, log the epoch, update best score and patience, move to the next epoch; True if it is the best.
     On several ranks, rank r evaluates valid batches r::size and their meters are merged."""
     import torch
 
-    world = world or World()
     valid = None
     if valid_batches:
         valid = _meters_from(None)

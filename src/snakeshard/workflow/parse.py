@@ -18,10 +18,10 @@ from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, inputs_d
                                          records_digest, set_data_digest, shard_fingerprint, shard_inputs_text,
                                          stage_fingerprint, stage_payload, training_fingerprint)
 from snakeshard.core.plan import (AUTO, DEFAULT_SHARDING, ensure_plan, overlapping_shards, read_audio_files,
-                                  shards_per_job)
+                                  sharding_mode, shards_per_job)
 from snakeshard.core.merge import UnreadableDone, read_done
-from snakeshard.core.shard_files import (CANARY_SPEC, KEYS_FILE, SHARD_FINGERPRINT, SHARD_ITEMS, read_shard_keys,
-                                         shard_job_files)
+from snakeshard.core.shard_files import (CANARY_SPEC, FINGERPRINTS_FILE, KEYS_FILE, SHARD_FINGERPRINT, SHARD_ITEMS,
+                                         read_shard_keys, shard_job_files)
 from snakeshard.core.user_source import (builtin_config_check, check_import_path, check_module_imports,
                                          check_runner_source, provider_config_keys, provider_merge_options,
                                          runner_default_sharding, source_digest)
@@ -46,11 +46,8 @@ SLURM_PASSTHROUGH = ("slurm_partition", "slurm_account", "constraint", "slurm_ex
 MAX_LISTED = 5
 # What a shard's fingerprint covers unless the stage's `fingerprint:` config says otherwise.
 FINGERPRINT_DEFAULTS = {"records": [*KALDI_RECORD_FILES, JSONL_RECORD], "audio": True, "code": True}
-FINGERPRINTS_FILE = "fingerprints.json"  # beside plan.json: what the merge and readers of merged output check
 STAGE_HISTORY = "stage_history.json"  # the stage fingerprints' payloads, newest last: what status diffs
 STAGE_HISTORY_KEPT = 8
-# The methods jobs call on a runner class with a key or batch first and env entries by name: a shard stage's
-# forward, a training stage's steps (snakeshard.train.TorchRunner)
 TRAIN_SPEC = "train.json"  # a training stage's spec, in its train set's dir (what its job reads)
 SIGNAL_SECONDS = 120  # a training job's SIGTERM before its SLURM time limit: a checkpoint takes seconds, not minutes
 
@@ -98,7 +95,10 @@ def exit_on_user_error():
 
 
 def validate_config(config: dict, schema_path: str | os.PathLike | None = None) -> None:
-    """Check ``config`` against the JSON schema and the cross-references the schema cannot express.
+    """Check ``config`` against the JSON schema and the cross-references the schema cannot express, and complete
+    it in place as the rest of the parse reads it: each stage's sharding (its runner's default_sharding, else
+    DEFAULT_SHARDING), a training stage's datasets, an inference stage's runner and provider from its training
+    stage (train_config.check_stage_kind). ``Workflow`` takes a config that went through here.
 
     ``schema_path`` defaults to the schema that ships with the workflow.
     """
@@ -131,13 +131,7 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
                                   + hint)
         if "sharding" not in stage:
             stage["sharding"] = runner_default_sharding(stage["runner"], f"stages.{name}") or dict(DEFAULT_SHARDING)
-        modes = [k for k in ("num_shards", "shard_size", "shard_seconds") if k in stage["sharding"]]
-        if len(modes) != 1:
-            raise ConfigError(f"stages.{name}.sharding: set exactly one of num_shards, shard_size, shard_seconds "
-                              f"(got {modes or 'none'})")
-        if "max_shard_items" in stage["sharding"] and modes != ["num_shards"]:
-            raise ConfigError(f"stages.{name}.sharding.max_shard_items: only with num_shards ({modes[0]} already "
-                              "sets how big a shard is)")
+        sharding_mode(stage["sharding"], f"stages.{name}.sharding")
         if stage.get("sort_by_length") and not (stage.get("batch_size") or stage.get("batch_seconds")):
             raise ConfigError(f"stages.{name}.sort_by_length: sorting needs batches: set batch_size or batch_seconds")
         check_outputs_config(stage.get("outputs") or {}, f"stages.{name}.outputs")

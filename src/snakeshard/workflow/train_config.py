@@ -106,9 +106,7 @@ def _check_training(where: str, stage: dict, datasets: dict, stages: dict) -> No
         raise ConfigError(f"{where}.valid: the same dataset as train ({stage['train']!r}); give a held-out one")
     if "epochs" in stage and "max_steps" in stage:
         raise ConfigError(f"{where}: set epochs or max_steps, not both")
-    if stage.get("sort_by_length") and not (stage.get("batch_size") or stage.get("batch_seconds")):
-        raise ConfigError(f"{where}.sort_by_length: sorting needs batches: set batch_size or batch_seconds")
-    score = stage.get("score")
+    score = stage.get("score")  # (sort_by_length without batches: validate_config checks it for every stage)
     if score and score.get("split", "valid") == "valid" and "valid" not in stage:
         raise ConfigError(f"{where}.score.split: 'valid' (the default) needs a valid: dataset; set one, or "
                           "split: train")
