@@ -297,8 +297,8 @@ def test_segment_past_the_recording_names_the_dataset(workdir, monkeypatch):
     write_config(workdir, config)
     energy_stage(workdir, "energy", "segs", sharding={"num_shards": 1})
     out = failed_output(workdir, run_snakemake(workdir))
-    assert "ends past the end of data/demo/wav/cards-001.wav (1.095 s); fix the segment or set " \
-           "datasets.segs.max_segment_overshoot" in out, out[-3000:]
+    assert "ends past the end of data/demo/wav/cards-001.wav (1.095 s) by more than max_segment_overshoot=0.5 s; " \
+           "fix the segment or set datasets.segs.max_segment_overshoot" in out, out[-3000:]
     assert "<name>" not in out
 
     monkeypatch.chdir(workdir)  # wav.scp's paths are relative to the project

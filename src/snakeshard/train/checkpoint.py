@@ -90,7 +90,7 @@ class CheckpointManager:
         for path in candidates:
             try:
                 state = read_checkpoint(path)
-            except (EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as e:  # empty, cut short, not torch's
+            except (EOFError, OSError, RuntimeError, ValueError, pickle.UnpicklingError) as e:  # cut short, not torch's
                 failed.append((path, f"{type(e).__name__}: {e}".splitlines()[0][:200]))
                 continue
             except (ImportError, AttributeError) as e:  # a sound file naming code that does not import now
