@@ -5,7 +5,7 @@ in-process call ``MyRunner(provider, output_dir=...)(keys)``.
 
 Crash safety: an attempt holds ``.attempt`` (flock) from start to end, so a retry waits for an orphaned
 attempt (a driver killed with -9 leaves its jobs running) instead of emptying the dir under it; the shard dir
-is then emptied (all but the plan's ``keys`` and ``items.json``), so nothing from a killed attempt survives into
+is then emptied (all but what the parse wrote there), so nothing from a killed attempt survives into
 this one, and the set's merged.json goes first when that removes files its merged output may point into;
 ``done`` is written last, by rename, and only if this attempt still owns the directory.
 """
@@ -61,7 +61,7 @@ def claimed_shard_dir(shard_dir: str):
 
 
 def clear_shard_dir(shard_dir: str) -> None:
-    """Remove every entry but the plan's ``keys`` and ``items.json`` and the ``.attempt`` lock. When an earlier
+    """Remove every entry but what the parse wrote (``KEEP_ON_CLEAR``) and the ``.attempt`` lock. When an earlier
     attempt's files are there, the set's merged.json goes first: merged scp files point into shard arks, and a
     merge that says it is current must not outlive them (Snakemake then merges again; a killed forced rerun of
     one shard left a current-looking merge whose scp pointed at a deleted ark: a user trial, 2026-11-27)."""

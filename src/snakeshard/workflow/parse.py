@@ -17,9 +17,9 @@ from snakeshard.core.devices import requested_gpus
 from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, inputs_digest, keys_text, model_identities,
                                          records_digest, set_data_digest, shard_fingerprint, shard_inputs_text,
                                          stage_fingerprint, stage_payload, training_fingerprint)
+from snakeshard.core.merge import UnreadableDone, read_done
 from snakeshard.core.plan import (AUTO, DEFAULT_SHARDING, ensure_plan, overlapping_shards, read_audio_files,
                                   sharding_mode, shards_per_job)
-from snakeshard.core.merge import UnreadableDone, read_done
 from snakeshard.core.shard_files import (CANARY_SPEC, FINGERPRINTS_FILE, KEYS_FILE, SHARD_FINGERPRINT, SHARD_ITEMS,
                                          read_shard_keys, shard_job_files)
 from snakeshard.core.user_source import (builtin_config_check, check_import_path, check_module_imports,
