@@ -18,7 +18,7 @@ from snakeshard.core.shard_files import MERGE_LOG
 from snakeshard.errors import ERROR_PREFIX
 from snakeshard.train.stage import training_state
 from snakeshard.workflow.job import INTERRUPTED, canary_log_head
-from snakeshard.workflow.parse import stage_changes, stage_sets
+from snakeshard.workflow.parse import FINGERPRINT_DEFAULTS, counted_records, stage_changes, stage_sets
 from snakeshard.workflow.run_lock import DEAD_RUN_LOCK, dead_run_lock
 from snakeshard.workflow.train_config import model_source
 
@@ -38,15 +38,17 @@ def merged_state(set_dir: Path, inputs: str) -> str:
 
 # What a stale shard's done differs in, in the words status uses.
 STALE_CAUSES = {"keys": "its keys (the plan was cut anew)",
-                "records": "its keys' records (wav.scp, segments, text, utt2spk or jsonl)",
+                "records": "its keys' lines in {files}",  # the record files the stage's fingerprint counts
                 "audio": "its audio files (size or mtime)", "stage": "the stage's config, model files or code",
                 "upstream": "the upstream stage's output for its keys"}
 
 
-def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple[str, str]:
+def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int, record_files: list[str]) -> tuple[str, str]:
     """(state, detail): done, stale (with what changed), unreadable, failed (with log tail),
     incomplete (started, no result), pending. ``expected``: the shard's entry in the current fingerprints.
-    ``log`` may be a job's of several shards (``shards_per_job``): the error line naming ``shard`` counts."""
+    ``log`` may be a job's of several shards (``shards_per_job``): the error line naming ``shard`` counts.
+    ``record_files``: the files whose lines the stage's fingerprint counts (a stale shard's records are one of them:
+    the done keeps one digest over them)."""
     try:
         done = read_done(shard_dir)
     except UnreadableDone as e:
@@ -61,7 +63,8 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int) -> tuple
         changed = [part for part in STALE_CAUSES if part in had and had[part] != expected[part]]
         if "keys" in changed:  # a plan cut anew: other keys come with other records and audio, nothing to tell
             changed = [part for part in changed if part not in ("records", "audio")]
-        causes = [STALE_CAUSES[part] for part in changed]
+        files = ", ".join(record_files[:-1]) + " or " * (len(record_files) > 1) + record_files[-1]
+        causes = [STALE_CAUSES[part].format(files=files) for part in changed]
         if "stage" in changed:  # what in the stage, when its history still holds the fingerprint the shard ran with
             what = stage_changes(shard_dir.parent, had["stage"], expected["stage"])
             if what:
@@ -175,10 +178,12 @@ def set_shard_states(wf, stage: str, ds: str, merged: str):
     """Per shard of a set: its plan entry, its state and detail (from its dir, its log and the fingerprints it must
     have now), and whether its done was deleted under a current merge (``merged``, the set's merged_state, "yes")."""
     base = Path(wf.out) / stage / ds
+    counted = counted_records(wf.specs[stage, ds]["fingerprint"]["records"])
     for shard, expected in zip(wf.plans[stage, ds]["shards"], wf.shard_inputs[stage, ds]):
         n = shard["shard"]
+        files = [name for name in FINGERPRINT_DEFAULTS["records"] if name in counted and name in shard["records"]]
         state, detail = shard_state(base / f"split.{n}", Path(wf.shard_job_files(stage, ds, n)[0]),
-                                    {**expected, "stage": wf.stage_fps[stage, ds]}, n)
+                                    {**expected, "stage": wf.stage_fps[stage, ds]}, n, files or ["its record files"])
         yield shard, state, detail, state in ("pending", "incomplete") and merged == "yes"
 
 
