@@ -141,6 +141,10 @@ def test_auto_groups_one_key_shards_and_merges_the_same_bytes(toy_workdir):
     assert "shards 0-4: 5 already done with these inputs, 0 to run" in (toy_workdir / TOY / "logs/shards.0-4.log").read_text()
 
     shutil.rmtree(toy_workdir / "results")
+    # the grouping shows in snakeshard plan too (a user trial: only snakemake -n's job count told it)
+    plan = run_cli(toy_workdir, "plan").stdout.splitlines()
+    assert plan[-1] == ("  jobs        8  of 5 consecutive shards each (shards_per_job: auto), run one after the other "
+                        "in one process"), plan[-3:]
     dry = run_snakemake(toy_workdir, "-n")
     assert re.search(r"^shard_upper\s+8$", dry.stdout, re.M), dry.stdout
     assert run_snakemake(toy_workdir).returncode == 0

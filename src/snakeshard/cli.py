@@ -46,7 +46,7 @@ def _workflow(config_paths: list[str]):
 
 
 def cmd_plan(args) -> int:
-    from snakeshard.core.plan import format_plan_table, make_plan
+    from snakeshard.core.plan import AUTO, format_plan_table, make_plan, shards_per_job
     from snakeshard.errors import ConfigError
     from snakeshard.workflow.parse import naming_dataset, planned_sets, run_spec, stage_sets, validate_config
     from snakeshard.workflow.train_config import is_training
@@ -66,6 +66,12 @@ def cmd_plan(args) -> int:
             plan = make_plan(spec["dataset"], config["stages"][stage]["sharding"], forked=True)
         kind = " (training: one job over every key of its sets)" if is_training(config["stages"][stage]) else ""
         print(format_plan_table(plan, f"stage {stage}{kind}, dataset {ds}:"))
+        setting = config["stages"][stage].get("shards_per_job", AUTO)
+        k = shards_per_job(plan, setting) if not kind else 1
+        if k > 1:  # a user trial: the grouping showed only in snakemake -n's job count
+            jobs = -(-plan["num_shards"] // k)
+            print(f"{'jobs':>6} {jobs:>8}  of {k} consecutive shards each (shards_per_job: {setting}), run one after "
+                  "the other in one process")
     return 0
 
 
