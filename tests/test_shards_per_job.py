@@ -162,8 +162,14 @@ def test_a_config_change_after_leaving_grouped_jobs_reruns_every_shard(toy_workd
     nothing."""
     set_upper(toy_workdir, shards_per_job=2)
     assert run_snakemake(toy_workdir).returncode == 0
+    assert sorted(p.name for p in (toy_workdir / TOY / "jobs").iterdir()) == ["shards.0-1.done", "shards.2-3.done"]
     set_upper(toy_workdir, shards_per_job=1)
     assert run_snakemake(toy_workdir).returncode == 0  # the merge alone: its inputs are the shards' dones now
+    # the merge removed the grouped jobs' done files and logs, which nothing makes or reads now (the same trial)
+    assert not (toy_workdir / TOY / "jobs").exists() and not list((toy_workdir / TOY / "logs").glob("shards.*"))
+    assert "removed 4 done and log file(s) of jobs the current grouping does not make (shards_per_job 1): " \
+           "jobs/shards.0-1.done, jobs/shards.2-3.done, logs/shards.0-1.log, logs/shards.2-3.log" in \
+           (toy_workdir / TOY / "logs/merge.log").read_text()
     set_upper(toy_workdir, shards_per_job=1, provider_config={"suffix": "!"})
     dry = run_snakemake(toy_workdir, "-n")
     assert re.search(r"^shard_upper\s+4$", dry.stdout, re.M), dry.stdout

@@ -82,7 +82,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    from snakeshard.core.merge import merge_set, remove_unplanned_shards
+    from snakeshard.core.data import listing
+    from snakeshard.core.merge import MAX_LISTED, merge_set, remove_unplanned_shards, remove_unused_job_files
     from snakeshard.core.plan import shards_text
     from snakeshard.errors import MergeError
     from snakeshard.workflow.parse import read_fingerprints
@@ -103,6 +104,10 @@ def cmd_merge(args) -> int:
     if removed:
         print(f"removed split.{removed[0]}..split.{removed[-1]} ({len(removed)} directories an earlier plan of more "
               f"shards left): the plan has {shards_text(record['shards'])}")
+    jobs = remove_unused_job_files(Path(args.set_dir), record["shards"], spec["shards_per_job"], spec["grouped"])
+    if jobs:
+        print(f"removed {len(jobs)} done and log file(s) of jobs the current grouping does not make "
+              f"(shards_per_job {spec['shards_per_job']}): {listing(len(jobs), jobs[:MAX_LISTED])}")
     return 0
 
 

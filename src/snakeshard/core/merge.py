@@ -13,6 +13,7 @@ everything in snakeshard that reads a merged output goes through it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -349,6 +350,28 @@ def remove_unplanned_shards(set_dir: Path, num_shards: int) -> list[int]:
                 shutil.rmtree(entry.path)
             Path(set_dir, "logs", f"split.{number}.log").unlink(missing_ok=True)
             removed.append(int(number))
+    return sorted(removed)
+
+
+def remove_unused_job_files(set_dir: Path, num_shards: int, shards_per_job: int, grouped: bool) -> list[str]:
+    """Remove the done files and logs of jobs of several shards (``jobs/shards.A-B.done``, ``logs/shards.A-B.log``)
+    that the set's current grouping does not make: an earlier ``shards_per_job``, or an earlier plan, left them
+    (a user trial found them after fewer shards). Called after the merge has succeeded. Returns their names."""
+    base = str(set_dir)
+    kept = {name for n in range(num_shards) for name in shard_job_files(base, n, shards_per_job, num_shards, grouped)}
+    removed = []
+    for directory, suffix in (("jobs", "done"), ("logs", "log")):
+        pattern = re.compile(rf"shards\.\d+-\d+\.{suffix}")
+        try:
+            entries = list(os.scandir(Path(set_dir, directory)))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            if pattern.fullmatch(entry.name) and f"{base}/{directory}/{entry.name}" not in kept:
+                os.unlink(entry.path)
+                removed.append(f"{directory}/{entry.name}")
+    with contextlib.suppress(OSError):  # empty now: a set whose shards run one a job has no jobs/ dir
+        os.rmdir(Path(set_dir, "jobs"))
     return sorted(removed)
 
 
