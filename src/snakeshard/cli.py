@@ -64,10 +64,11 @@ def cmd_plan(args) -> int:
         spec = run_spec(config, stage, ds)
         with naming_dataset(ds):  # in memory: writes nothing
             plan = make_plan(spec["dataset"], config["stages"][stage]["sharding"], forked=True)
-        kind = " (training: one job over every key of its sets)" if is_training(config["stages"][stage]) else ""
+        training = is_training(config["stages"][stage])
+        kind = " (training: one job over every key of its sets)" if training else ""
         print(format_plan_table(plan, f"stage {stage}{kind}, dataset {ds}:"))
         setting = config["stages"][stage].get("shards_per_job", AUTO)
-        k = shards_per_job(plan, setting) if not kind else 1
+        k = 1 if training else shards_per_job(plan, setting)
         if k > 1:  # a user trial: the grouping showed only in snakemake -n's job count
             jobs = -(-plan["num_shards"] // k)
             print(f"{'jobs':>6} {jobs:>8}  of {k} consecutive shards each (shards_per_job: {setting}), run one after "
@@ -86,7 +87,7 @@ def cmd_merge(args) -> int:
     from snakeshard.core.merge import MAX_LISTED, merge_set, remove_unplanned_shards, remove_unused_job_files
     from snakeshard.core.plan import shards_text
     from snakeshard.errors import MergeError
-    from snakeshard.workflow.parse import read_fingerprints
+    from snakeshard.core.shard_files import read_fingerprints
 
     spec = read_spec(args.spec)
     plan = json.loads((Path(args.set_dir) / "plan.json").read_text())
@@ -146,7 +147,7 @@ def current_inputs(config_paths: list[str], set_dir: Path) -> str | None:
 def cmd_wer(args) -> int:
     from snakeshard.core.merge import require_current
     from snakeshard.stages.wer import word_error_rate
-    from snakeshard.workflow.parse import read_fingerprints
+    from snakeshard.core.shard_files import read_fingerprints
 
     set_dir = Path(args.hyp).parent
     fingerprints = read_fingerprints(set_dir)

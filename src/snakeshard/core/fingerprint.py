@@ -77,8 +77,8 @@ def stage_fingerprint(payload: dict) -> str:
 
 
 def stage_payload(spec: dict, version: str, code: dict | None = None, from_model: tuple = ()) -> dict:
-    """What a stage's fingerprint covers; ``spec`` is the stage's run spec (see workflow.parse.run_spec), ``code`` the digests
-    of the runner's and provider's source (None: left out).
+    """What a stage's fingerprint covers; ``spec`` is the stage's run spec (see workflow.parse.run_spec), ``code``
+    the digests of the runner's and provider's source (None: left out).
 
     ``from_model``: an inference stage's provider_config keys that are its training stage's (see
     train_config.model_config_keys). They count through the trained model's fingerprint, which leaves out the
@@ -127,7 +127,8 @@ def differences(a: dict, b: dict, prefix: str = ""):
 
 
 def records_digest(records: dict[str, str], selected) -> str:
-    """One digest over a shard's per-file record digests (see manifest.Rows.records_digests), for the ``selected`` files."""
+    """One digest over a shard's per-file record digests (see manifest.Rows.records_digests), for the ``selected``
+    files."""
     return digest(json.dumps({name: d for name, d in records.items() if name in selected}, sort_keys=True))
 
 
@@ -146,7 +147,8 @@ def audio_identity(paths: list[str], stat_cache: dict) -> str:
     return digest("".join(parts))
 
 
-# What a chained dataset's spec says of its upstream's plan and merge (workflow.parse.Workflow._prepare_set): not a setting
+# What a chained dataset's spec says of its upstream's plan and merge (workflow.parse.Workflow._prepare_set): not a
+# setting
 UPSTREAM_PLAN = ("upstream_inputs", "upstream_shards")
 SHARD_INPUT_PARTS = ("stage", "keys", "records", "audio", "upstream")
 

@@ -22,7 +22,7 @@ import zlib
 from pathlib import Path
 
 from snakeshard.core.set_summary import write_set_summary
-from snakeshard.core.shard_files import FINGERPRINTS_FILE, read_shard_keys, shard_job_files
+from snakeshard.core.shard_files import FINGERPRINTS_FILE, read_fingerprints, read_shard_keys, shard_job_files
 from snakeshard.errors import MergeError, SnakeshardError
 from snakeshard.io.atomic import atomic_write_bytes, atomic_write_json, remove_temps_of
 
@@ -422,11 +422,11 @@ def require_current(set_dir, inputs: str | None = None) -> dict:
     there are missing (no merged.json, or a file it lists is gone), stale or moved. Every reader of merged output
     calls this first (``snakeshard.require_current`` for your own code, e.g. a rule of yours after the merge)."""
     if inputs is None:
-        try:
-            inputs = json.loads(Path(set_dir, FINGERPRINTS_FILE).read_text())["inputs"]
-        except (OSError, ValueError, KeyError):
+        fingerprints = read_fingerprints(set_dir)
+        if fingerprints is None:
             raise StaleMergedOutput(f"{set_dir}: no {FINGERPRINTS_FILE} (a set's dir under output_dir is given one "
-                                    "at each snakemake parse): not a stage's set, or snakemake has not run") from None
+                                    "at each snakemake parse): not a stage's set, or snakemake has not run")
+        inputs = fingerprints["inputs"]
     record = merged_record(set_dir)
     if record is None:
         raise StaleMergedOutput(f"{set_dir} is not merged (no merged.json): run snakemake first")

@@ -19,6 +19,15 @@ FINGERPRINTS_FILE = "fingerprints.json"  # beside plan.json, from each parse: wh
 MERGE_LOG = "logs/merge.log"  # in a set's dir: the merge rule's log (merge.smk), which `snakeshard status` reads
 
 
+def read_fingerprints(set_dir: str | os.PathLike) -> dict | None:
+    """The fingerprints the last parse computed for ``set_dir`` (workflow.parse.Workflow), or None."""
+    try:
+        with open(os.path.join(set_dir, FINGERPRINTS_FILE), encoding="utf-8") as f:
+            return json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
 def read_spec(path: str) -> dict:
     """A stage's ``spec.json`` (written at each parse, see workflow.parse.run_spec)."""
     with open(path, encoding="utf-8") as f:

@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 
 from snakeshard import BaseRunner, InferenceProvider
-from snakeshard.core.data import StageOutputDataset
+from snakeshard.core.data import StageOutputDataset, source_spec
 from snakeshard.errors import ConfigError, DataError, MergeError
 from snakeshard.metrics import CharacterErrorRate, ConfusionMatrix, RegressionMetrics, TextNormalization, WordErrorRate
 from snakeshard.stages.scoring_fields import TEXT_METRICS, binary_label, merged_pairs
@@ -122,10 +122,8 @@ def _value(dataset, key: str, field: str, what: str) -> str:
         return dataset.load_field(key, field)
     value = dataset[key].get(field)
     if value is None:
-        spec = dataset.spec
-        while "source" in spec:  # a chained dataset: the records are its source dataset's (a trial: it said "the
-            spec = spec["source"]  # source dataset" where the docs show the file)
-        place = spec.get("path", "the source dataset")
+        # a chained dataset's records are its source dataset's: name that file (a trial: it said "the source dataset")
+        place = source_spec(dataset.spec).get("path", "the source dataset")
         raise DataError(f"item {key!r}: no {what}: the dataset ({place}) has no field {field!r} for it "
                         f"({WHERE}.{what}; a Kaldi dir gives text and spk (utt2spk), JSON Lines its own fields)")
     return value

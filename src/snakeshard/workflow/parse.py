@@ -21,12 +21,12 @@ from snakeshard.core.merge import UnreadableDone, read_done
 from snakeshard.core.plan import (AUTO, DEFAULT_SHARDING, ensure_plan, overlapping_shards, read_audio_files,
                                   sharding_mode, shards_per_job)
 from snakeshard.core.shard_files import (CANARY_SPEC, FINGERPRINTS_FILE, KEYS_FILE, SHARD_FINGERPRINT, SHARD_ITEMS,
-                                         read_shard_keys, shard_job_files)
+                                         read_fingerprints, read_shard_keys, shard_job_files)
 from snakeshard.core.user_source import (builtin_config_check, check_import_path, check_module_imports,
                                          check_runner_source, provider_config_keys, provider_merge_options,
                                          runner_default_sharding, source_digest)
 from snakeshard.errors import ERROR_PREFIX, ConfigError, DataError, SnakeshardError
-from snakeshard.io.atomic import write_if_changed
+from snakeshard.io.atomic import atomic_write_text, write_if_changed
 from snakeshard.io.writers import check_outputs_config
 from snakeshard.version import __version__
 from snakeshard.workflow.config_file import schema_messages
@@ -386,14 +386,6 @@ def write_shard_fingerprint(shard_dir: str, fingerprint: str) -> None:
         os.utime(path, ns=(done_mtime, done_mtime))
 
 
-def read_fingerprints(set_dir: str | os.PathLike) -> dict | None:
-    """The fingerprints the last parse computed for ``set_dir`` (see ``Workflow``), or None."""
-    try:
-        return json.loads(Path(set_dir, FINGERPRINTS_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
 def remember_stage_payload(set_dir: Path, fp: str, payload: dict) -> None:
     """Keep what the stage fingerprint ``fp`` covers in the set's STAGE_HISTORY (the last STAGE_HISTORY_KEPT),
     so that `snakeshard status` can say what changed for a shard done under an earlier one."""
@@ -560,7 +552,8 @@ class Workflow:
             shard_dir = f"{base}/split.{n}"
             if not unchanged or not os.path.isfile(f"{shard_dir}/{SHARD_FINGERPRINT}"):
                 write_shard_fingerprint(shard_dir, entry["fingerprint"])
-        write_if_changed(Path(base) / FINGERPRINTS_FILE, record)
+        if not unchanged:
+            atomic_write_text(Path(base) / FINGERPRINTS_FILE, record, fsync=False)
 
     def _write_specs(self) -> None:
         """Each set's spec.json, with how its shards are grouped into jobs (known once every set of its stage is
