@@ -530,3 +530,33 @@ def test_a_json_lines_record_without_audio_names_the_audio_field(tmp_path):
     with pytest.raises(DataError) as failed:
         dataset.load_audio("a")
     assert str(failed.value) == f"key 'a' ({path}:1) has no audio; datasets.small.audio_field is 'audio'"
+
+
+def test_kaldi_dir_lines_that_validate_data_dir_refuses_are_noted_not_refused(toy):
+    """What Kaldi's validate_data_dir.sh refuses but a filtered data dir often holds: a text (or utt2spk) line whose
+    key has no recording is ignored, a key with no text line has no 'text' field, a spk2utt without utt2spk is not
+    read. The plan goes on (40 keys, 4 shards) and says each, naming file, counts and keys: `snakeshard plan` under
+    its table, and a run's driver once on stderr however many times it parses."""
+    data = toy / "data/toy"
+    keys = [line.split()[0] for line in (data / "wav.scp").read_text().splitlines()]
+    (data / "text").write_text("".join(f"{k} hello\n" for k in keys[2:]) + "gone1 bye\ngone2 bye\n")
+    (data / "spk2utt").write_text("spk " + " ".join(keys) + "\n")
+    proc = run_cli(toy, "plan")
+    assert proc.returncode == 0, output(proc)
+    notes = [line for line in proc.stdout.splitlines() if line.startswith("note: ")]
+    assert notes == [
+        f"note: data/toy/text: 2 key(s) with no recording in wav.scp, ignored: 'gone1' (line 39), 'gone2' (line 40) "
+        "(Kaldi's utils/fix_data_dir.sh drops them)",
+        "note: data/toy/text: no line for 2 of 40 key(s), their 'text' field unset: 'utt000', 'utt001'",
+        "note: data/toy/spk2utt: not read: speakers come from utt2spk, which this dir lacks "
+        "(Kaldi's utils/spk2utt_to_utt2spk.pl makes it)",
+    ], proc.stdout
+    dry = run_snakemake(toy, "-n")
+    assert dry.returncode == 0, output(dry)[-3000:]
+    said = [line for line in dry.stderr.splitlines() if line.startswith("snakeshard: note: data/toy/")]
+    assert said == ["snakeshard: " + n for n in notes], dry.stderr
+    # A data dir Kaldi would accept says nothing.
+    (data / "text").write_text("".join(f"{k} hello\n" for k in keys))
+    (data / "utt2spk").write_text("".join(f"{k} spk\n" for k in keys))
+    quiet = run_cli(toy, "plan")
+    assert quiet.returncode == 0 and "note:" not in quiet.stdout, output(quiet)

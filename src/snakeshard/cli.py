@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from snakeshard.core.shard_files import read_spec
-from snakeshard.errors import naming_stage
+from snakeshard.errors import MAX_LISTED, naming_stage
 from snakeshard.workflow.job import (CANARY, cmd_run_shard, cmd_run_shards, import_runner, parse_job_args,
                                      run_command, shard_id, shard_range)
 
@@ -73,6 +73,8 @@ def cmd_plan(args) -> int:
             jobs = -(-plan["num_shards"] // k)
             print(f"{'jobs':>6} {jobs:>8}  of {k} consecutive shards each (shards_per_job: {setting}), run one after "
                   "the other in one process")
+        for note in plan.get("notes", ()):
+            print(f"note: {note}")
     return 0
 
 
@@ -84,7 +86,7 @@ def cmd_train(args) -> int:
 
 def cmd_merge(args) -> int:
     from snakeshard.core.data import listing
-    from snakeshard.core.merge import MAX_LISTED, merge_set, remove_unplanned_shards, remove_unused_job_files
+    from snakeshard.core.merge import merge_set, remove_unplanned_shards, remove_unused_job_files
     from snakeshard.core.plan import shards_text
     from snakeshard.errors import MergeError
     from snakeshard.core.shard_files import read_fingerprints

@@ -8,6 +8,7 @@ The CLI prints the message alone (no traceback) and exits non-zero.
 import contextlib
 
 ERROR_PREFIX = "snakeshard: error: "  # how every command and job prints a SnakeshardError: one line, this prefix
+MAX_LISTED = 5  # how many offenders (keys, files, shards) one message lists before "and N more"
 
 
 class SnakeshardError(Exception):

@@ -38,9 +38,10 @@ with exit_on_user_error():
     # Files a stage's runner draws after its merge for `snakemake --report` (ScoringRunner: metrics.png).
     REPORTS = {stage: runner_reports(config["stages"][stage]["runner"], f"stages.{stage}") for stage in SHARD_STAGES}
 
-# A fingerprint_ignore key that looks misspelt: said once, by the driver (not in every SLURM job's log).
+# A fingerprint_ignore key that looks misspelt, a Kaldi dir's text line with no recording: said by the driver (not in
+# every SLURM job's log).
 if workflow.is_main_process:
-    for _note in ignored_key_notes(config):
+    for _note in ignored_key_notes(config) + WF.data_notes():
         print(_note, file=sys.stderr, flush=True)
 
 # A merged file deleted after its merge (merged.json still listing it): forget that merge, so that this run merges

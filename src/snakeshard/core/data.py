@@ -24,7 +24,7 @@ import json
 import math
 import os
 
-from snakeshard.errors import AudioError, DataError
+from snakeshard.errors import MAX_LISTED, AudioError, DataError
 
 # pathlib where the planner uses it: a shard job's slice reader does without (5 ms of a one-key job's 29 ms CPU,
 # bench/RESULTS.md section 16). Type checkers read a module-level TYPE_CHECKING = False as typing's.
@@ -32,7 +32,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
 
-MAX_LISTED = 5  # how many offending keys an error message lists
 # The per-key Kaldi files a stage's forward can see through the dataset (text and utt2spk as fields).
 KALDI_RECORD_FILES = ("wav.scp", "segments", "text", "utt2spk")
 JSONL_RECORD = "jsonl"
@@ -139,7 +138,7 @@ def duration_seconds(value, where: str, what: str) -> float:
     return seconds
 
 
-def _read_kaldi_dir(path: Path, with_records: bool = True) -> list[Item]:
+def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = None) -> list[Item]:
     wav_scp = path / "wav.scp"
     if not wav_scp.is_file():
         hint = "; a JSON Lines manifest needs format: jsonl in its datasets entry" if path.is_file() else ""
@@ -190,13 +189,38 @@ def _read_kaldi_dir(path: Path, with_records: bool = True) -> list[Item]:
     by_key = {item.key: item for item in items}
     for name, attr in (("text", "text"), ("utt2spk", "spk")):
         if (path / name).is_file():
-            for key, value, _ in _read_kaldi_table(path / name):
+            strays = []
+            for key, value, line_no in _read_kaldi_table(path / name):
                 item = by_key.get(key)
                 if item is not None:
                     item.fields[attr] = value
                     if with_records:
                         item.records[name] = value
+                else:
+                    strays.append(f"{key!r} (line {line_no})")
+            if notes is not None:
+                notes.extend(kaldi_file_notes(path, name, attr, strays, items, segments.is_file()))
+    if notes is not None and (path / "spk2utt").is_file() and not (path / "utt2spk").is_file():
+        notes.append(f"{path / 'spk2utt'}: not read: speakers come from utt2spk, which this dir lacks "
+                     "(Kaldi's utils/spk2utt_to_utt2spk.pl makes it)")
     return items
+
+
+def kaldi_file_notes(path: Path, name: str, attr: str, strays: list[str], items: list[Item], segments: bool) -> list:
+    """What Kaldi's validate_data_dir.sh would refuse in ``path/name`` (text or utt2spk) and snakeshard lets
+    pass, said as notes: its keys that no item has (a wav.scp filtered and its text kept is common, and such
+    lines are only ignored), and items it has no line for (their field is unset; a stage that reads it fails on
+    them, naming the key)."""
+    notes = []
+    if strays:
+        holder = "utterance in segments" if segments else "recording in wav.scp"
+        notes.append(f"{path / name}: {len(strays)} key(s) with no {holder}, ignored: "
+                     + listing(len(strays), strays[:MAX_LISTED]) + " (Kaldi's utils/fix_data_dir.sh drops them)")
+    unset = [item for item in items if attr not in item.fields]
+    if unset:
+        notes.append(f"{path / name}: no line for {len(unset)} of {len(items)} key(s), their {attr!r} field unset: "
+                     + listing(len(unset), [repr(i.key) for i in unset[:MAX_LISTED]]))
+    return notes
 
 
 def _read_jsonl(path: Path, spec: dict) -> list[Item]:
@@ -283,10 +307,11 @@ def source_spec(spec: dict) -> dict:
     return spec
 
 
-def read_items(spec: dict, with_records: bool = True) -> list[Item]:
+def read_items(spec: dict, with_records: bool = True, notes: list | None = None) -> list[Item]:
     """All items of a dataset in file order, validated: non-empty, unique keys without whitespace.
     A chained dataset's items are those of its source dataset. ``with_records=False`` leaves out what
-    only planning digests (each item's source lines), for the dataset a job holds in memory."""
+    only planning digests (each item's source lines), for the dataset a job holds in memory. ``notes``, when
+    given, receives what a Kaldi dir holds that is let pass but worth a look (``kaldi_file_notes``)."""
     from pathlib import Path
 
     spec = source_spec(spec)
@@ -297,7 +322,7 @@ def read_items(spec: dict, with_records: bool = True) -> list[Item]:
         relative = "" if path.is_absolute() else f" (relative paths are taken from the working directory {os.getcwd()})"
         raise DataError(f"{where}: {path} does not exist{relative}")
     if fmt == "kaldi":
-        items = _read_kaldi_dir(path, with_records)
+        items = _read_kaldi_dir(path, with_records, notes)
     elif fmt == "jsonl":
         items = _read_jsonl(path, spec)
     else:

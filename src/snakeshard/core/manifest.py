@@ -37,13 +37,13 @@ from bisect import bisect_right
 from contextlib import suppress
 from itertools import chain, islice, repeat
 
-from snakeshard.core.data import (JSONL_RECORD, MAX_LISTED, Item, bad_key, bad_keys_error, check_audio_exists,
+from snakeshard.core.data import (JSONL_RECORD, Item, bad_key, bad_keys_error, check_audio_exists,
                                   duplicate_keys_error, empty_dataset_error, fill_durations, is_pipe, jsonl_record,
                                   jsonl_values, listing, missing_audio_error, read_items, source_spec,
                                   unreadable_headers_error, utf8_error)
 from snakeshard.core.fingerprint import digest
 from snakeshard.core.forked import map_forked, plan_workers
-from snakeshard.errors import DataError
+from snakeshard.errors import MAX_LISTED, DataError
 from snakeshard.io.atomic import atomic_write_text
 
 RANGES_PER_WORKER = 4  # pass 1 forked: smaller results in flight (10,000,000 keys: 779 -> 514 MB in all processes)
@@ -92,8 +92,9 @@ class ItemsManifest:
 
     reused_items, reused_plan = 0, None  # read whole every time
 
-    def __init__(self, items: list[Item]):
+    def __init__(self, items: list[Item], notes: list[str] = ()):
         self.items = items
+        self.notes = list(notes)  # what the data dir holds that is let pass but worth a look
         self.num_items = len(items)
         self.seconds = array("d", (UNKNOWN if i.seconds is None else i.seconds for i in items))
         self.missing = sum(i.seconds is None for i in items)
@@ -137,6 +138,8 @@ class JsonlManifest:
     only grown by whole lines since (its old bytes unchanged: same size prefix, same SHA-256), only the new
     lines are read, and ``reused_items`` says how many leading items are as they were.
     """
+
+    notes = ()  # one file: nothing to cross-check
 
     def __init__(self, path: str, spec: dict, cache_dir=None):
         self.path = path
@@ -591,6 +594,7 @@ def scan_manifest(spec: dict, cache_dir=None):
     source = source_spec(spec)
     if source.get("format", "kaldi") == "jsonl" and Path(source["path"]).is_file():
         return JsonlManifest(source["path"], source, cache_dir)
-    items = read_items(spec)
+    notes = []
+    items = read_items(spec, notes=notes)
     check_audio_exists(items)
-    return ItemsManifest(items)
+    return ItemsManifest(items, notes)

@@ -23,10 +23,9 @@ from pathlib import Path
 
 from snakeshard.core.set_summary import write_set_summary
 from snakeshard.core.shard_files import FINGERPRINTS_FILE, read_fingerprints, read_shard_keys, shard_job_files
-from snakeshard.errors import MergeError, SnakeshardError
+from snakeshard.errors import MAX_LISTED, MergeError, SnakeshardError
 from snakeshard.io.atomic import atomic_write_bytes, atomic_write_json, remove_temps_of
 
-MAX_LISTED = 5
 FIELDS_FILE = "fields.json"  # beside the merged files: per field, its format and index file
 SHARD_ONLY_META = ("bytes", "crc32", "ark", "dir")  # per-shard parts of a field's meta
 _ARK_OFFSET = re.compile(r":\d+(\[[^\]]*\])?$")  # kaldiio's "file.ark:123" (optionally "[0:10]")

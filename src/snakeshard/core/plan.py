@@ -186,7 +186,7 @@ def make_plan(dataset: dict, sharding: dict, on_shard=None, cache_dir=None, prev
             records.append(record)
             if collect is not None:
                 collect.append(value)
-    return {
+    plan = {
         "format": PLAN_FORMAT,
         "dataset": dataset,
         "sharding": sharding,
@@ -196,6 +196,9 @@ def make_plan(dataset: dict, sharding: dict, on_shard=None, cache_dir=None, prev
         "num_shards": len(counts),
         "shards": records,
     }
+    if manifest.notes:  # kept with the plan, so that a parse that reuses it says them again
+        plan["notes"] = manifest.notes
+    return plan
 
 
 def shard_runs(counts: list[int], first_shard: int, first_item: int, runs: int) -> list[tuple[int, int, list[int]]]:

@@ -23,13 +23,12 @@ from snakeshard.core.fingerprint import keys_digest as digest_keys
 from snakeshard.core.hooks import check_hook_env, injected_kwargs, overrides, runner_name
 from snakeshard.core.progress import ProgressLog
 from snakeshard.core.shard_files import KEYS_FILE, SHARD_FINGERPRINT, SHARD_ITEMS, read_keys_file
-from snakeshard.errors import AudioError, ContractError, ShardError, SnakeshardError
+from snakeshard.errors import MAX_LISTED, AudioError, ContractError, ShardError, SnakeshardError
 from snakeshard.io.atomic import atomic_write_json
 from snakeshard.io.writers import FieldWriters
 from snakeshard.version import __version__
 
 ATTEMPT_FILE = ".attempt"
-MAX_LISTED = 5
 # Written at parse: the plan reuses itself only if keys and items.json are there; the fingerprint is a rule input.
 KEEP_ON_CLEAR = {KEYS_FILE, SHARD_ITEMS, SHARD_FINGERPRINT}
 

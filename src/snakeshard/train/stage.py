@@ -18,12 +18,11 @@ import sys
 from pathlib import Path
 
 from snakeshard.core.shard_files import read_spec
-from snakeshard.errors import ConfigError, ContractError, DataError, SnakeshardError, naming_stage
+from snakeshard.errors import MAX_LISTED, ConfigError, ContractError, DataError, SnakeshardError, naming_stage
 from snakeshard.train.outputs import DONE, MODEL
 
 LOCK = "train.lock"  # held by the one process training in this dir (see one_trainer)
 SPLIT_ENV = ("dataset", "normalize")  # env entries the stage gives the steps itself
-MAX_LISTED = 5
 
 
 def cmd_train(args) -> int:

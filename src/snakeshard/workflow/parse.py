@@ -25,7 +25,7 @@ from snakeshard.core.shard_files import (CANARY_SPEC, FINGERPRINTS_FILE, KEYS_FI
 from snakeshard.core.user_source import (builtin_config_check, check_import_path, check_module_imports,
                                          check_runner_source, provider_config_keys, provider_merge_options,
                                          runner_default_sharding, source_digest)
-from snakeshard.errors import ERROR_PREFIX, ConfigError, DataError, SnakeshardError
+from snakeshard.errors import ERROR_PREFIX, MAX_LISTED, ConfigError, DataError, SnakeshardError
 from snakeshard.io.atomic import atomic_write_text, write_if_changed
 from snakeshard.io.writers import check_outputs_config
 from snakeshard.version import __version__
@@ -43,7 +43,6 @@ DEFAULT_CANARY = 2
 DEFAULT_RESOURCES = {"mem_mb": 2000, "runtime": 60, "cpus_per_task": 1}
 # Resources handed to the executor as they are (snakemake-executor-plugin-slurm names); unset ones are omitted.
 SLURM_PASSTHROUGH = ("slurm_partition", "slurm_account", "constraint", "slurm_extra", "gpu", "gres")
-MAX_LISTED = 5
 # What a shard's fingerprint covers unless the stage's `fingerprint:` config says otherwise.
 FINGERPRINT_DEFAULTS = {"records": [*KALDI_RECORD_FILES, JSONL_RECORD], "audio": True, "code": True}
 STAGE_HISTORY = "stage_history.json"  # the stage fingerprints' payloads, newest last: what status diffs
@@ -466,6 +465,12 @@ class Workflow:
             if path.startswith(self.out):
                 raise ConfigError(f"output_dir: cannot write {path}: {e.strerror} (output_dir is {self.out!r})") from None
             raise DataError(f"cannot read {path}: {e.strerror}") from None
+
+    def data_notes(self) -> list[str]:
+        """What the planned datasets hold that is let pass but worth a look (a Kaldi dir's text keys with no
+        recording, ...), each once however many stages read its dataset."""
+        return list(dict.fromkeys(f"snakeshard: note: {note}" for plan in self.plans.values()
+                                  for note in plan.get("notes", ())))
 
     def _in_dependency_order(self) -> list[tuple]:
         """Every set to plan, ``("set", stage, dataset)``, and training stage, ``("train", stage)``, each after

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from snakeshard.core.merge import (MAX_LISTED, UnreadableDone, done_moved, merged_record, missing_merged_files,
+from snakeshard.core.merge import (UnreadableDone, done_moved, merged_record, missing_merged_files,
                                    moved_fix, moved_from, read_done, remerge_fix)
 from snakeshard.core.plan import shards_text
 from snakeshard.core.shard import ATTEMPT_FILE
 from snakeshard.core.shard_files import MERGE_LOG
-from snakeshard.errors import ERROR_PREFIX
+from snakeshard.errors import ERROR_PREFIX, MAX_LISTED
 from snakeshard.train.stage import training_state
 from snakeshard.workflow.job import INTERRUPTED, canary_log_head
 from snakeshard.workflow.parse import FINGERPRINT_DEFAULTS, counted_records, stage_changes, stage_sets
