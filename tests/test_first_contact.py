@@ -164,7 +164,7 @@ def test_status_names_what_in_the_stage_changed_since_a_shard_ran(toy_workdir):
 
 # -- a dead driver's lock: said so, with the command that clears it --
 
-LOCK_NOTE = ("snakeshard: .snakemake/locks holds a lock from an earlier snakemake run, and no snakemake runs in this "
+LOCK_NOTE = ("snakeshard: note: .snakemake/locks holds a lock from an earlier snakemake run, and no snakemake runs in this "
              "directory on this machine (a driver killed with kill -9 leaves its lock). If snakemake stops below with a "
              "LockException and none runs here on another machine either, clear the lock, then run again:")
 UNLOCK = "    snakemake --profile config/profiles/local --unlock"
@@ -183,7 +183,7 @@ def test_lock_of_a_killed_driver_is_named_with_the_command_that_clears_it(toy_wo
         wait_for(lambda: shard_process(toy_workdir, 0), 60, "shard 0 to start")
         beside = run_snakemake(toy_workdir)  # the lock is the live driver's
         assert beside.returncode != 0 and "LockException" in beside.stderr
-        assert "snakeshard: .snakemake/locks" not in beside.stderr
+        assert ".snakemake/locks holds" not in beside.stderr
         assert driver.poll() is None, "the driver finished before it could be killed: give the stage more work"
     finally:
         driver.send_signal(signal.SIGKILL)

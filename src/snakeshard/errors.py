@@ -8,6 +8,10 @@ The CLI prints the message alone (no traceback) and exits non-zero.
 import contextlib
 
 ERROR_PREFIX = "snakeshard: error: "  # how every command and job prints a SnakeshardError: one line, this prefix
+# What snakeshard says among Snakemake's own lines (the parse, a job's log) starts with one of these, so that it stands
+# out and can be grepped for; its own commands (status, plan) print plain `note:` lines.
+NOTE_PREFIX = "snakeshard: note: "  # worth a look; nothing was refused
+WARNING_PREFIX = "snakeshard: warning: "  # something went otherwise than asked, and the run went on
 MAX_LISTED = 5  # how many offenders (keys, files, shards) one message lists before "and N more"
 
 

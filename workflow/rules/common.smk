@@ -10,6 +10,7 @@ if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())
 
 from snakeshard.core.user_source import runner_reports
+from snakeshard.errors import NOTE_PREFIX
 from snakeshard.workflow import snakemake_patches
 from snakeshard.workflow.config_file import check_duplicate_keys
 from snakeshard.workflow.parse import (SLURM_PASSTHROUGH, Workflow, exit_on_user_error, ignored_key_notes, shard_stages,
@@ -52,7 +53,7 @@ if workflow.is_main_process:
     for _stage, _ds in STAGE_SETS:
         _missing = forget_incomplete_merge(f"{WF.out}/{_stage}/{_ds}")
         if _missing:
-            print(f"snakeshard: {WF.out}/{_stage}/{_ds}: merged file(s) {', '.join(_missing)} missing: its merged.json "
+            print(f"{NOTE_PREFIX}{WF.out}/{_stage}/{_ds}: merged file(s) {', '.join(_missing)} missing: its merged.json "
                   "is removed, and the set is merged again from its shards", file=sys.stderr, flush=True)
 
 # A lock a dead driver left (kill -9): Snakemake checks its locks after this parse and stops with a LockException

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from snakeshard.core.shard_files import read_spec
-from snakeshard.errors import MAX_LISTED, ConfigError, ContractError, DataError, SnakeshardError, naming_stage
+from snakeshard.errors import MAX_LISTED, WARNING_PREFIX, ConfigError, ContractError, DataError, SnakeshardError, naming_stage
 from snakeshard.train.outputs import DONE, MODEL
 
 LOCK = "train.lock"  # held by the one process training in this dir (see one_trainer)
@@ -74,7 +74,7 @@ def warnings_as_lines():
 
         def show(message, category, filename, lineno, file=None, line=None):
             if issubclass(category, CheckpointWarning):
-                print(f"snakeshard: warning: {message}", file=sys.stderr, flush=True)
+                print(f"{WARNING_PREFIX}{message}", file=sys.stderr, flush=True)
             else:
                 shown(message, category, filename, lineno, file, line)
         warnings.showwarning = show

@@ -13,7 +13,7 @@ import os
 import sys
 
 from snakeshard.core.shard_files import CANARY_SPEC, SHARD_ITEMS, read_spec
-from snakeshard.errors import ERROR_PREFIX, ShardError, SnakeshardError, in_stage, naming_stage
+from snakeshard.errors import ERROR_PREFIX, WARNING_PREFIX, ShardError, SnakeshardError, in_stage, naming_stage
 
 CANARY = "canary"  # the --shard of a stage's canary job
 INTERRUPTED = "interrupted (SIGINT)"  # a job's line on Ctrl-C, after the command: `snakeshard status` looks for it
@@ -346,7 +346,7 @@ def _log_to(path: str) -> int | None:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     except OSError as e:
-        print(f"snakeshard: warning: cannot write the log {path} ({e.strerror}): output goes here", file=sys.stderr)
+        print(f"{WARNING_PREFIX}cannot write the log {path} ({e.strerror}): output goes here", file=sys.stderr)
         return None
     sys.stdout.flush()
     sys.stderr.flush()

@@ -25,7 +25,7 @@ from snakeshard.core.shard_files import (CANARY_SPEC, FINGERPRINTS_FILE, KEYS_FI
 from snakeshard.core.user_source import (builtin_config_check, check_import_path, check_module_imports,
                                          check_runner_source, provider_config_keys, provider_merge_options,
                                          runner_default_sharding, source_digest)
-from snakeshard.errors import ERROR_PREFIX, MAX_LISTED, ConfigError, DataError, SnakeshardError
+from snakeshard.errors import ERROR_PREFIX, MAX_LISTED, NOTE_PREFIX, ConfigError, DataError, SnakeshardError
 from snakeshard.io.atomic import atomic_write_text, write_if_changed
 from snakeshard.io.writers import check_outputs_config
 from snakeshard.version import __version__
@@ -283,7 +283,7 @@ def ignored_key_notes(config: dict) -> list[str]:
         for key in stage.get("fingerprint_ignore") or ():
             close = difflib.get_close_matches(key, keys, n=1) if key not in keys else []
             if close:
-                notes.append(f"snakeshard: note: stages.{name}.fingerprint_ignore: {key!r} is not in its "
+                notes.append(f"{NOTE_PREFIX}stages.{name}.fingerprint_ignore: {key!r} is not in its "
                              f"provider_config, which has {close[0]!r}: a change of {close[0]!r} still reruns every "
                              "shard")
     return notes
@@ -469,7 +469,7 @@ class Workflow:
     def data_notes(self) -> list[str]:
         """What the planned datasets hold that is let pass but worth a look (a Kaldi dir's text keys with no
         recording, ...), each once however many stages read its dataset."""
-        return list(dict.fromkeys(f"snakeshard: note: {note}" for plan in self.plans.values()
+        return list(dict.fromkeys(NOTE_PREFIX + note for plan in self.plans.values()
                                   for note in plan.get("notes", ())))
 
     def _in_dependency_order(self) -> list[tuple]:

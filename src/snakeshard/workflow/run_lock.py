@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from snakeshard.errors import NOTE_PREFIX
+
 
 def stale_lock_note(directory: str, argv: list[str], pid: int) -> str | None:
     """What to say at parse when Snakemake's lock files are in ``directory``/.snakemake/locks and no other snakemake
@@ -25,7 +27,7 @@ def stale_lock_note(directory: str, argv: list[str], pid: int) -> str | None:
     import shlex
 
     command = "snakemake" + "".join(f" --profile {shlex.quote(p)}" for p in _profile_of(argv)) + " --unlock"
-    return (f"snakeshard: {DEAD_RUN_LOCK}. If snakemake stops below with a LockException and none runs here on "
+    return (f"{NOTE_PREFIX}{DEAD_RUN_LOCK}. If snakemake stops below with a LockException and none runs here on "
             f"another machine either, clear the lock, then run again:\n    {command}")
 
 

@@ -25,6 +25,8 @@ import threading
 import time
 from typing import NamedTuple
 
+from snakeshard.errors import NOTE_PREFIX
+
 # Snakemake 9.27.1 runs the tests and bench/ with the patches. In every release from 9.17.0 to 9.27.0, the
 # replaced methods, those they call (``relies_on``), JobScheduler.__init__ and job_selector are the same text as
 # in 9.27.1; the rest of their two modules differs (9.17.0 vs 9.27.1) only where the patches do not reach (error
@@ -122,7 +124,7 @@ def apply(version: str | None = None, note: bool = True) -> dict[str, bool]:
             setattr(getattr(import_module(patch.module), patch.cls), patch.attr, patch.new)
         elif note and name not in _noted:
             _noted.add(name)
-            print(f"snakeshard: patch {name} ({patch.cls}.{patch.attr}) not applied: snakemake {version} is "
+            print(f"{NOTE_PREFIX}patch {name} ({patch.cls}.{patch.attr}) not applied: snakemake {version} is "
                   f"outside the versions it was checked against ({patch.checked}); Snakemake runs as shipped "
                   f"(docs/upstream/{name}.md)", file=sys.stderr, flush=True)
     return applied
