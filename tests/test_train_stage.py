@@ -645,6 +645,27 @@ def test_a_model_pt_that_does_not_fit_the_inference_stages_model_is_named(tmp_pa
     assert "\n" not in message and "its own provider_config keys laid over them" in message
 
 
+def test_a_model_pt_that_does_not_read_is_named_with_its_fix(tmp_path):
+    """A model.pt cut short (a disk fault: it is written atomically) or not torch's: one DataError naming the file,
+    torch's reason in one line and the fix (delete the training's done, rerun), not torch's traceback."""
+    from snakeshard.errors import DataError
+    from snakeshard.train.inference import with_trained_model
+
+    torch.save({"model": torch.nn.Linear(40, 4).state_dict()}, tmp_path / "whole.pt")
+    (tmp_path / "done").write_text(json.dumps({"fingerprint": "f"}))
+    spec = {"stage": "infer", "provider": "tones.TonesProvider", "dataset": {"path": "unused"},
+            "model": {"stage": "train", "path": str(tmp_path / "model.pt"), "done": str(tmp_path / "done"),
+                      "fingerprint": "f", "stats": None}}
+    for broken in ((tmp_path / "whole.pt").read_bytes()[:100], b"", b"not a torch file\n"):
+        (tmp_path / "model.pt").write_bytes(broken)
+        with pytest.raises(DataError) as error:
+            with_trained_model({"model": torch.nn.Linear(40, 4)}, spec)
+        message = str(error.value)
+        assert message.startswith(f"stages.infer.from_stage: {tmp_path / 'model.pt'} does not read ("), message
+        assert message.endswith(f"); delete {tmp_path / 'done'} and run snakemake, which trains it again"), message
+        assert "\n" not in message
+
+
 def test_an_inference_stage_from_a_runner_without_infer_step_is_refused_at_job_start():
     """TorchRunner's own infer_step only raises: refused before any model loads, naming stage and runner."""
     from snakeshard.errors import ContractError

@@ -21,6 +21,9 @@ from snakeshard.errors import SnakeshardError
 from snakeshard.io.atomic import atomic_write_bytes, remove_temps_in
 
 _HISTORY_NAME = re.compile(r"^step-(\d+)\.pt$")
+# What torch 2.13's load raises for a file that is empty, cut short by a kill or not torch's (checked on each);
+# a sound file that names code that no longer imports raises ImportError or AttributeError instead.
+UNREADABLE = (EOFError, OSError, RuntimeError, ValueError, pickle.UnpicklingError)
 
 
 class CheckpointWarning(UserWarning):
@@ -90,7 +93,7 @@ class CheckpointManager:
         for path in candidates:
             try:
                 state = read_checkpoint(path)
-            except (EOFError, OSError, RuntimeError, ValueError, pickle.UnpicklingError) as e:  # cut short, not torch's
+            except UNREADABLE as e:
                 failed.append((path, f"{type(e).__name__}: {e}".splitlines()[0][:200]))
                 continue
             except (ImportError, AttributeError) as e:  # a sound file naming code that does not import now
@@ -108,6 +111,7 @@ class CheckpointManager:
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict:
+    """A checkpoint or model file of a run (a dict), on the CPU; raises one of UNREADABLE when it does not read."""
     import torch
 
     state = torch.load(path, map_location="cpu", weights_only=False)

@@ -14,6 +14,7 @@ import functools
 from snakeshard.core.contract import BaseRunner
 from snakeshard.core.hooks import class_attribute, runner_name
 from snakeshard.errors import ContractError, DataError
+from snakeshard.train.checkpoint import UNREADABLE, read_checkpoint
 
 
 def model_runner(runner_cls: type, stage: str) -> type:
@@ -58,8 +59,6 @@ def with_trained_model(env: dict, spec: dict) -> dict:
     import json
     from pathlib import Path
 
-    import torch
-
     from snakeshard.core.data import load_dataset
     from snakeshard.train.numerics import settle_vector_math
 
@@ -76,7 +75,11 @@ def with_trained_model(env: dict, spec: dict) -> dict:
         raise DataError(f"{where}.from_stage: {model_ref['path']} is not the model the current config and data of "
                         f"stage {model_ref['stage']!r} train ({done} {'says another' if fingerprint else 'is missing'});"
                         " run snakemake, which trains it first")
-    checkpoint = torch.load(model_ref["path"], map_location="cpu", weights_only=False)
+    try:
+        checkpoint = read_checkpoint(model_ref["path"])
+    except UNREADABLE as e:  # written atomically, so a disk fault or a hand edit
+        raise DataError(f"{where}.from_stage: {model_ref['path']} does not read ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:200]}); delete {done} and run snakemake, which trains it again") from e
     try:
         env["model"].load_state_dict(checkpoint["model"])
     except RuntimeError as e:  # torch lists each mismatched tensor, a line each

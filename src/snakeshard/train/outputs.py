@@ -16,6 +16,7 @@ from pathlib import Path
 
 from snakeshard.errors import SnakeshardError
 from snakeshard.io.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from snakeshard.train.checkpoint import UNREADABLE, read_checkpoint
 
 MODEL, METRICS, CURVE, DONE = "model.pt", "metrics.json", "curve.png", "done"  # in the order they are written
 
@@ -45,8 +46,8 @@ def _write_model(run_dir: Path, spec: dict, result) -> str:
     checkpoints = run_dir / "checkpoints"
     path = checkpoints / ("best.pt" if result.best_epoch is not None else "latest.pt")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:
+        checkpoint = read_checkpoint(path)
+    except UNREADABLE as e:
         raise SnakeshardError(f"{path} does not read ({type(e).__name__}: {e}); delete {checkpoints} to train "
                               "from the start") from e
     model = {"model": checkpoint["model"], "stage": spec["stage"], "fingerprint": spec["fingerprint"],
