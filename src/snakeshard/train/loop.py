@@ -69,7 +69,7 @@ from snakeshard.core.hooks import runner_name
 from snakeshard.errors import ContractError, SnakeshardError
 from snakeshard.train.checkpoint import CheckpointManager, CheckpointWarning, read_checkpoint
 from snakeshard.train.numerics import settle_vector_math
-from snakeshard.train.ranks import RankLost, World
+from snakeshard.train.ranks import RankLost, World, peer_gone
 from snakeshard.train.runner import defines, step_kwargs
 from snakeshard.train.schedule import make_scheduler
 
@@ -218,10 +218,7 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     n_batches = len(batches) if batches is not None else math.ceil(len(train_keys) / bs)
     if valid_batches is None:
         valid_batches = [valid_keys[start:start + bs] for start in range(0, len(valid_keys), bs)]
-    n_local = n_batches // world.size  # this rank's batches per epoch: positions rank::size of the first n_local * size
-    if n_local == 0:
-        raise SnakeshardError(f"training: {n_batches} train batches per epoch, fewer than the {world.size} ranks; "
-                              "use a smaller batch_size or fewer ranks")
+    n_local = _batches_per_rank(n_batches, world.size)
     steps_per_epoch = math.ceil(n_local / accum)
     max_steps = cfg["max_steps"]
     epochs = cfg["epochs"]
@@ -247,14 +244,8 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     loaded = _resume_point(manager, cfg, fingerprint, inputs, ckdir, log_path, world, continues or {})
     if loaded is not None:
         ck, resumed_from = loaded
-        model.load_state_dict(ck["model"])
-        optimizer.load_state_dict(ck["optimizer"])
-        if scheduler is not None and ck.get("scheduler") is not None:
-            scheduler.load_state_dict(ck["scheduler"])
+        _restore(ck, model, optimizer, scheduler, world.rank)
         p.update(ck["progress"])
-        if _RESTORE_RNG:
-            states = ck["rng"]
-            rng.restore(states[world.rank] if isinstance(states, list) else states)
         meters_state, log_bytes = ck.get("meters"), ck["log_bytes"]
     ddp = None
     if world.size > 1:
@@ -311,19 +302,7 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
             if on_line is not None:
                 on_line(line)
 
-        stop = {"signal": None}
-        previous = {}
-        if threading.current_thread() is threading.main_thread():
-            def on_signal(signum, frame):  # only a flag: the loop saves at the next step boundary
-                name = signal.Signals(signum).name
-                if name == "SIGINT" and stop["signal"] == "SIGINT":  # Ctrl-C twice: stop now, unsaved, as by default
-                    raise KeyboardInterrupt
-                stop["signal"] = name
-            for sig_name in INTERRUPT_SIGNALS:
-                sig = getattr(signal, sig_name, None)
-                if sig is not None:
-                    previous[sig] = signal.signal(sig, on_signal)
-        try:
+        with _stop_flag() as stop:
             interval, every = cfg["checkpoint"]["interval"], cfg["checkpoint"]["every_seconds"]
             last_save = time.monotonic()
             while not p["finished"]:
@@ -344,26 +323,11 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
                                 else [train_keys[i] for i in order[b * bs:(b + 1) * bs]])
                         # DDP reduces gradients in the window's last backward only
                         with ddp.no_sync() if ddp is not None and j != window[-1] else contextlib.nullcontext():
-                            with _step_context(name, "train_step", p, b, keys):
-                                out = runner_cls.train_step(keys, **train_kwargs)
-                            if not isinstance(out, dict) or "loss" not in out:
-                                raise ContractError(f"{name}.train_step returned "
-                                                    f"{sorted(out) if isinstance(out, dict) else type(out).__name__}: "
-                                                    "it must return a dict with 'loss' (a tensor)")
-                            loss = out["loss"]
-                            if not torch.isfinite(loss.detach()).all():
-                                if cfg["skip_nonfinite"]:
-                                    skipped.append(keys)
-                                    if ddp is not None:  # the other ranks' backward waits for this one's gradients
-                                        _zero_backward(model)
-                                    continue
-                                raise NonFiniteLoss(f"{name}.train_step: loss {loss.detach().tolist()} at step "
-                                                    f"{p['step'] + 1} (epoch {p['epoch']}, batch {b}) on keys {keys}; "
-                                                    "set skip_nonfinite: true to skip such batches (a training "
-                                                    "stage's rerun resumes from this run's last checkpoint)")
-                            with _step_context(name, "backward of train_step's loss", p, b, keys):
-                                (loss / len(window)).backward()
-                        values = {k: (v.detach() if hasattr(v, "detach") else v) for k, v in out.items()}
+                            values = _train_batch(runner_cls, name, keys, train_kwargs, p, b, len(window),
+                                                  cfg["skip_nonfinite"], model if ddp is not None else None)
+                        if values is None:  # a non-finite loss, skipped
+                            skipped.append(keys)
+                            continue
                         if ddp is None:
                             meters.update(values, n=len(keys))
                         step_meters.update(values, n=len(keys))
@@ -421,10 +385,51 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
                         checkpoint=manager.latest)
             if not (p["finished"] and saved_step == p["step"]):
                 save()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
     return _result(p, manager, resumed_from)
+
+
+def _batches_per_rank(n_batches: int, ranks: int) -> int:
+    """A rank's batches per epoch: positions rank::ranks of the first (this many) * ranks of the epoch's order."""
+    n_local = n_batches // ranks
+    if n_local == 0:
+        raise SnakeshardError(f"training: {n_batches} train batches per epoch, fewer than the {ranks} ranks; "
+                              "use a smaller batch_size or fewer ranks")
+    return n_local
+
+
+def _restore(ck: dict, model, optimizer, scheduler, rank: int) -> None:
+    """Model, optimizer, scheduler and this rank's random generators as the checkpoint ``ck`` holds them."""
+    model.load_state_dict(ck["model"])
+    optimizer.load_state_dict(ck["optimizer"])
+    if scheduler is not None and ck.get("scheduler") is not None:
+        scheduler.load_state_dict(ck["scheduler"])
+    if _RESTORE_RNG:
+        states = ck["rng"]  # one per rank of a run on several
+        rng.restore(states[rank] if isinstance(states, list) else states)
+
+
+@contextlib.contextmanager
+def _stop_flag():
+    """A dict whose ``signal`` names the first of INTERRUPT_SIGNALS received (None until then), the handlers before
+    restored on leaving. Only a flag: the loop saves at its next step boundary. A second Ctrl-C stops at once,
+    unsaved, as Python does by default. Off the main thread (a caller's own thread) no handler can be set."""
+    stop = {"signal": None}
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        def on_signal(signum, frame):
+            name = signal.Signals(signum).name
+            if name == "SIGINT" and stop["signal"] == "SIGINT":
+                raise KeyboardInterrupt
+            stop["signal"] = name
+        for sig_name in INTERRUPT_SIGNALS:
+            sig = getattr(signal, sig_name, None)
+            if sig is not None:
+                previous[sig] = signal.signal(sig, on_signal)
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _resume_point(manager, cfg, fingerprint, inputs, ckdir, log_path, world, continues: dict[str, str]):
@@ -545,6 +550,32 @@ def _start_over(ckdir: Path, log_path: Path) -> None:
     log_path.unlink(missing_ok=True)
 
 
+def _train_batch(runner_cls, name: str, keys: list, train_kwargs: dict, p: dict, b: int, window: int,
+                 skip_nonfinite: bool, ddp_module) -> dict | None:
+    """train_step on one batch, then the backward of its loss over the ``window`` batches of the step: the step's
+    values for the meters (detached), or None when the loss is not finite and ``skip_nonfinite`` says skip it.
+    ``ddp_module``: the model under DDP, whose skipped batch still takes part in the gradients' all-reduce."""
+    import torch
+
+    with _step_context(name, "train_step", p, b, keys):
+        out = runner_cls.train_step(keys, **train_kwargs)
+    if not isinstance(out, dict) or "loss" not in out:
+        raise ContractError(f"{name}.train_step returned {sorted(out) if isinstance(out, dict) else type(out).__name__}"
+                            ": it must return a dict with 'loss' (a tensor)")
+    loss = out["loss"]
+    if not torch.isfinite(loss.detach()).all():
+        if skip_nonfinite:
+            if ddp_module is not None:  # the other ranks' backward waits for this one's gradients
+                _zero_backward(ddp_module)
+            return None
+        raise NonFiniteLoss(f"{name}.train_step: loss {loss.detach().tolist()} at step {p['step'] + 1} (epoch "
+                            f"{p['epoch']}, batch {b}) on keys {keys}; set skip_nonfinite: true to skip such batches "
+                            "(a training stage's rerun resumes from this run's last checkpoint)")
+    with _step_context(name, "backward of train_step's loss", p, b, keys):
+        (loss / window).backward()
+    return {k: (v.detach() if hasattr(v, "detach") else v) for k, v in out.items()}
+
+
 def _end_epoch(runner_cls, name, p, score, meters, valid_batches, eval_kwargs, model, write, world) -> bool:
     """Evaluate, log the epoch, update best score and patience, move to the next epoch; True if it is the best.
     On several ranks, rank r evaluates valid batches r::size and their meters are merged."""
@@ -610,7 +641,7 @@ def _step_context(name: str, method: str, p: dict, batch: int, keys: list) -> No
     except SnakeshardError:
         raise
     except Exception as e:
-        if _peer_gone(e):  # DDP's gradient all-reduce in backward (or a synced layer's) lost another rank
+        if peer_gone(e):  # DDP's gradient all-reduce in backward (or a synced layer's) lost another rank
             first = str(e).splitlines()[0].split(". ")[0][:200]
             raise RankLost(f"{method} at step {p['step'] + 1} (epoch {p['epoch']}, batch {batch}): a collective "
                            f"failed ({first}): another rank is gone; the log has its own error") from e
@@ -621,17 +652,6 @@ def _step_context(name: str, method: str, p: dict, batch: int, keys: list) -> No
         when = f"after step {p['step']}" if method == "evaluate_step" else f"at step {p['step'] + 1}"
         raise StepFailed(f"{name}.{method} failed {when} (epoch {p['epoch']}, batch {batch}) on "
                          f"keys {shown}: {type(e).__name__}: {e}") from e
-
-
-def _peer_gone(error: Exception) -> bool:
-    """``error`` is a collective's on several ranks (torch's own types, or the transports' words for a lost peer)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return False
-    return isinstance(error, getattr(dist, "DistError", ())) or any(
-        words in str(error) for words in ("Connection closed by peer", "Connection reset by peer", "gloo/transport",
-                                          "NCCL", "ProcessGroup"))
 
 
 def _result(p: dict, manager: CheckpointManager, resumed_from) -> TrainResult:

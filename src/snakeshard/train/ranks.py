@@ -105,10 +105,24 @@ class World:
             try:
                 yield
             except Exception as e:
+                if not peer_gone(e):  # a bug of snakeshard's, not a lost rank: its own traceback says more
+                    raise
                 first = f"{type(e).__name__}: {e}".splitlines()[0].split(". ")[0][:200]
                 raise RankLost(f"{what} across {self.size} ranks failed ({first}): another rank is gone; the log "
                                "has its own error") from e
         return named()
+
+
+def peer_gone(error: Exception) -> bool:
+    """``error`` is a collective's on several ranks that lost a peer (torch's own types, or the transports' words for
+    a lost or silent peer: gloo's timeout names its transport too)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    return isinstance(error, getattr(dist, "DistError", ())) or any(
+        words in str(error) for words in ("Connection closed by peer", "Connection reset by peer", "gloo/transport",
+                                          "NCCL", "ProcessGroup"))
 
 
 def backend(devices: list[str]) -> str:
