@@ -554,6 +554,11 @@ def test_init_with_own_data_and_refusals(tmp_path):
     assert wrong.returncode == 1 and "give a Kaldi data dir (with wav.scp) or a .jsonl manifest" in wrong.stderr
     assert not (tmp_path / "p2").exists() and not (tmp_path / "p3").exists()  # nothing half-written
     assert init.stderr == ""  # absolute audio paths: nothing to note
+    assert f"next: cd {project} && snakemake -n && " in init.stdout
+    here = tmp_path / "here"  # `init .` (a user trial: it said `next: cd . && ...`)
+    here.mkdir()
+    dot = subprocess.run([CONSOLE_SCRIPT, "init", "."], cwd=here, capture_output=True, text=True)
+    assert dot.returncode == 0 and "next: snakemake -n && snakemake --profile profiles/local" in dot.stdout, dot.stdout
 
 
 def test_the_snakefiles_rule_example_names_the_projects_dataset_and_a_set_not_planned_is_one_error_line(tmp_path):

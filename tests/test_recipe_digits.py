@@ -124,8 +124,8 @@ def test_the_readme_block_from_nothing_to_a_scored_model_then_a_second_run_does_
     shown = shown_outputs()
     init_line = "snakeshard init --recipe digits digits --data fsdd/recordings"
     assert out[init_line].splitlines()[0] == shown[init_line][0]
-    assert shown["snakemake --profile profiles/local"] == ["26 of 26 steps (100%) done"]
-    assert "26 of 26 steps (100%) done" in reference["stderr"]
+    assert shown["snakemake --profile profiles/local"] == ["27 of 27 steps (100%) done"]
+    assert "27 of 27 steps (100%) done" in reference["stderr"]
     text = out["cat results/score/predicted/metrics.txt"]
     for line in shown["cat results/score/predicted/metrics.txt"]:
         assert line == "..." or any(same_but_cpu_rounding(line, got) for got in text.splitlines()), line

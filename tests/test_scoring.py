@@ -15,7 +15,7 @@ from pathlib import Path
 import jiwer
 import numpy as np
 import pytest
-from conftest import copy_workflow, read_config, run_cli, run_snakemake, write_config
+from conftest import TOY_MODULE, copy_workflow, read_config, run_cli, run_snakemake, write_config
 
 SCORING = {"runner": "snakeshard.stages.ScoringRunner", "provider": "snakeshard.stages.ScoringProvider",
            "datasets": ["scored"]}
@@ -263,6 +263,41 @@ def test_a_key_without_a_reference_fails_naming_it_and_nothing_merges(tmp_path):
     set_dir = wd / "results/score/scored"
     assert not (set_dir / "merged.json").exists() and not (set_dir / "metrics.json").exists()
     assert (set_dir / "split.0/done").exists() and (set_dir / "split.2/done").exists()  # the others kept theirs
+
+
+def test_a_chained_stages_canary_runs_over_the_dataset_its_chain_reads(tmp_path):
+    """User trial 10: the canary of a stage over the upstream's output for its second dataset (test) ran over the
+    upstream canary's keys, those of its first dataset (train), and a scoring stage whose reference only test's
+    records hold was refused (`item 'george-0-10': no reference ... train.jsonl`). Now the upstream stage gets a
+    canary over test too (its own rule, not waited for by its shards), and the scoring canary checks test's keys."""
+    wd = copy_workflow(tmp_path / "wf")
+    (wd / "toy.py").write_text(TOY_MODULE)
+    wav = "data/demo/wav/cards-001.wav"
+    (wd / "data/train.jsonl").write_text("".join(json.dumps({"key": f"tr{i}", "audio": wav}) + "\n" for i in range(6)))
+    (wd / "data/test.jsonl").write_text("".join(json.dumps({"key": f"te{i}", "audio": wav, "truth": f"TE{i}"}) + "\n"
+                                                for i in range(6)))
+    config = read_config(wd)
+    config["datasets"] = {"train": {"path": "data/train.jsonl", "format": "jsonl"},
+                          "test": {"path": "data/test.jsonl", "format": "jsonl"},
+                          "upper_test": {"from_stage": "upper", "dataset": "test"}}
+    config["stages"] = {
+        "upper": {"runner": "toy.UpperRunner", "provider": "toy.ToyProvider", "provider_config": {},
+                  "datasets": ["train", "test"], "sharding": {"num_shards": 2}},
+        "score": {**SCORING, "datasets": ["upper_test"],
+                  "provider_config": {"metrics": ["classification"], "hypothesis": "text", "reference": "truth"}},
+    }
+    write_config(wd, config)
+    run = run_snakemake(wd)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    assert "rule canary_upper_over_test:" in out and "rule canary_upper:" in out
+    canaries = {str(p.parent.parent.relative_to(wd)): p.read_text().split() for p in wd.glob("results/*/_canary*/*/keys")}
+    assert canaries == {"results/upper/_canary": ["tr0", "tr1"], "results/upper/_canary.test": ["te0", "te1"],
+                        "results/score/_canary": ["te0", "te1"]}, canaries
+    metrics = json.loads((wd / "results/score/upper_test/metrics.json").read_text())["metrics"]
+    assert metrics["classification"]["value"]["accuracy"] == 1.0 and metrics["classification"]["value"]["items"] == 6
+    again = run_snakemake(wd, "-n")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]
 
 
 def test_an_empty_reference_is_scored_as_jiwer_does_and_said(tmp_path):

@@ -318,7 +318,7 @@ def test_the_digits_recipe_on_slurm_gives_the_local_metrics_json(tmp_path, tmp_p
     run = subprocess.run(["timeout", "-k", "10", "900", sys.executable, "-m", "snakemake", "--profile",
                           "profiles/slurm", *FAST_STATUS], cwd=wd, capture_output=True, text=True, env=slurm_env())
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    # 4 canaries, 6 fbank + 4 stats + 2 inference + 1 scoring shards, the training: each its own SLURM job (merges
-    # and the report run locally)
-    assert len(submitted(run.stdout + run.stderr)) == 18
+    # 5 canaries (fbank's over test for infer's), 6 fbank + 4 stats + 2 inference + 1 scoring shards, the training:
+    # each its own SLURM job (merges and the report run locally)
+    assert len(submitted(run.stdout + run.stderr)) == 19
     assert final_bytes(wd) == want["bytes"]

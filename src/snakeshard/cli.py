@@ -165,13 +165,20 @@ def cmd_wer(args) -> int:
     return 0
 
 
+def _cd(directory: str) -> str:
+    """``cd <directory> && `` (quoted for a shell), or nothing when it is the working directory."""
+    import shlex
+
+    return "" if os.path.realpath(directory) == os.path.realpath(os.getcwd()) else f"cd {shlex.quote(directory)} && "
+
+
 def cmd_init(args) -> int:
     if args.recipe:
         from snakeshard.recipes import init_recipe
 
         written = init_recipe(args.recipe, args.directory, args.data)
         print(f"wrote {', '.join(written)} in {args.directory}")
-        print(f"next: cd {args.directory} && snakemake --profile profiles/local"
+        print(f"next: {_cd(args.directory)}snakemake --profile profiles/local"
               + ("" if args.data else " (its data prep downloads FSDD first, 16 MB)"))
         return 0
     from snakeshard.workflow.project import init_project, manifest_fields_note, relative_audio_note
@@ -182,7 +189,7 @@ def cmd_init(args) -> int:
             if args.data else ():
         if note:
             print(note, file=sys.stderr)
-    print(f"next: cd {args.directory} && snakemake -n && snakemake --profile profiles/local && snakeshard status")
+    print(f"next: {_cd(args.directory)}snakemake -n && snakemake --profile profiles/local && snakeshard status")
     print('on SLURM: pip install "snakeshard[slurm]" (the executor plugin), then snakemake --profile profiles/slurm')
     return 0
 
@@ -258,6 +265,7 @@ def build_parser():
     given.add_argument("--shard-inputs", help="a shard job: what its fingerprint digests (stage:keys:records:audio)")
     given.add_argument("--fingerprint", help="the canary: the stage fingerprint")
     sp.add_argument("--log", help="this job's log file, named in error messages")
+    sp.add_argument("--feeds", help="the canary of another dataset of the stage: the stage whose canary reads it")
     sp.set_defaults(func=cmd_run_shard)
 
     sp = sub.add_parser("run-shards", help="run several shards in one job (called by the shard rule when the stage "

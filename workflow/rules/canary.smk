@@ -20,12 +20,15 @@
 # without building anything.
 
 
-for _stage, _canary in WF.canaries.items():
+# A stage's canary, and a canary of a stage over another of its datasets that a chained stage's canary reads (its
+# output is that canary's input; WF.feeder_canaries).
+for _canary in [*WF.canaries.values(), *WF.feeder_canaries.values()]:
+    _stage = _canary["stage"]
     _resources = _shard_rule_functions(_stage).resources  # the shard jobs' resources (and, below, retries)
 
     rule:
         name:
-            f"canary_{_stage}"
+            _canary["rule"]
         input:
             # a canary over a chained dataset reads the upstream canary's output; an inference stage's, the model
             _canary["upstream"],
@@ -45,3 +48,4 @@ for _stage, _canary in WF.canaries.items():
         shell:
             '"$SNAKESHARD_PYTHON" -m snakeshard run-shard --shard canary --spec {params.spec:q}'
             " --shard-dir {params.shard_dir:q} --fingerprint {params.fingerprint:q} --log {log:q}"
+            + (f" --feeds {_canary['feeds']}" if _canary["feeds"] else "")

@@ -65,8 +65,12 @@ def _run_canary(args, spec: dict) -> int:
             atomic_write_json(os.path.join(shard_dir, "done"), {"shard": CANARY, "items": 0, "canary": "off",
                                                                "fingerprint": args.fingerprint}, fsync=False)
     except SnakeshardError as e:
-        raise type(e)(f"canary of stage {spec['stage']!r} failed, so none of its shard jobs was started; "
-                      f"fix the stage, then rerun: {e}") from e.__cause__
+        if args.feeds:  # a canary over another dataset of the stage, which a chained stage's canary reads
+            blocked = (f"over dataset {spec['dataset'].get('name', '?')!r} failed, so stage {args.feeds!r}'s canary, "
+                       "which reads its output, was not started")
+        else:
+            blocked = "failed, so none of its shard jobs was started"
+        raise type(e)(f"canary of stage {spec['stage']!r} {blocked}; fix the stage, then rerun: {e}") from e.__cause__
     here = os.path.realpath(shard_dir)
     for old in os.scandir(os.path.dirname(here)):  # canaries (and specs) of earlier stage fingerprints
         if old.is_dir() and old.path != here:
@@ -280,7 +284,8 @@ def shard_range(text: str) -> tuple[int, int]:
 # Anything else, a typo or --help included, goes through argparse (cli.build_parser), which holds the
 # same options and gives the messages.
 JOB_COMMANDS = {
-    "run-shard": (cmd_run_shard, {"--spec", "--shard", "--shard-dir"}, {"--shard-inputs", "--fingerprint", "--log"},
+    "run-shard": (cmd_run_shard, {"--spec", "--shard", "--shard-dir"},
+                  {"--shard-inputs", "--fingerprint", "--log", "--feeds"},
                   {"--shard-inputs", "--fingerprint"}, {"--shard": shard_id}),
     "run-shards": (cmd_run_shards, {"--spec", "--shards", "--set-dir", "--shard-inputs", "--done"}, {"--log"}, set(),
                    {"--shards": shard_range}),

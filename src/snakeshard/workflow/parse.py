@@ -345,6 +345,11 @@ def run_spec(config: dict, stage: str, dataset: str) -> dict:
     }
 
 
+def rule_safe(name: str) -> str:
+    """A dataset's ``name`` (schema: letters, digits, ``_.-``) as a part of a Snakemake rule name."""
+    return name.replace("-", "_").replace(".", "_")
+
+
 def canary_items(config: dict, stage: str) -> int:
     """Keys the stage's canary job runs before its shard jobs: ``stages.<stage>.canary``, else the top-level ``canary``,
     else ``DEFAULT_CANARY``."""
@@ -442,7 +447,10 @@ class Workflow:
         self.inputs: dict[tuple[str, str], str] = {}
         self.data_digests: dict[tuple[str, str], str] = {}  # set -> what its shards read, less the stage (training)
         self.code: dict[str, dict | None] = {}  # stage -> its runner and provider source digests (None: not counted)
-        self.canaries: dict[str, dict] = {}
+        self.canaries: dict[str, dict] = {}  # stage -> its canary, which its shard jobs wait for
+        # (stage, dataset) -> a canary over another dataset of the stage than its canary's, which a chained stage's
+        # canary reads (see _prepare_canary)
+        self.feeder_canaries: dict[tuple[str, str], dict] = {}
         self.specs: dict[tuple[str, str], dict] = {}
         self.trainings: dict[str, dict] = {}  # training stage -> what its rule and the stages using its model need
         self.upstream = upstream_of(config)  # chained (stage, dataset) -> the (stage, dataset) it reads
@@ -636,7 +644,7 @@ class Workflow:
                       "fingerprint": spec["fingerprint"]},
         }
 
-    def _prepare_canary(self, stage: str) -> dict:
+    def _prepare_canary(self, stage: str, ds: str | None = None, feeds: str | None = None) -> dict:
         """The canary's dir (under the stage fingerprint, see canary.smk) and its keys: the first N of the stage's
         first dataset read from disk, rewritten only when they change.
 
@@ -644,23 +652,35 @@ class Workflow:
         keys of those): the canary then waits for the upstream canary alone, which reruns only when every upstream
         shard does. (Waiting for the upstream merge instead would put every shard of this stage behind a job that
         reruns whenever any upstream shard does: Snakemake then skips its own rerun checks of these shards.) Its
-        spec is the stage's with that dataset (``<dir>.spec.json``, shard_files.CANARY_SPEC)."""
-        if stage in self.canaries:
-            return self.canaries[stage]
+        spec is the stage's with that dataset (``<dir>.spec.json``, shard_files.CANARY_SPEC).
+
+        The upstream canary must be over the dataset the chain reads: an inference stage over the fbank of test
+        checked on the fbank of train ran on train's keys, and a scoring stage whose reference only test's records
+        hold failed (a user trial). When that is not the upstream stage's own canary's dataset, a canary of the
+        upstream stage over that dataset (``ds``, for the stage ``feeds``) is made for it: its own rule, dir
+        (``_canary.<dataset>/``) and log; the upstream's shard jobs do not wait for it."""
         datasets = self.config["stages"][stage]["datasets"]
-        ds = next((d for d in datasets if (stage, d) not in self.upstream), datasets[0])
+        first = next((d for d in datasets if (stage, d) not in self.upstream), datasets[0])
+        feeder = ds is not None and ds != first
+        ds = ds if feeder else first
+        known = self.feeder_canaries.get((stage, ds)) if feeder else self.canaries.get(stage)
+        if known is not None:
+            return known
         base = set_dir(self.config, stage, ds)
         n = canary_items(self.config, stage)
         stage_fp = self.stage_fps[stage, ds]
-        canary_dir = f"{self.out}/{stage}/{CANARY_DIR}/{stage_fp}"
-        canary = {"dir": canary_dir, "spec": f"{base}/spec.json", "items_file": f"{base}/split.0/{SHARD_ITEMS}",
+        where = f"{CANARY_DIR}.{ds}" if feeder else CANARY_DIR  # a canary job removes other fingerprints' dirs there
+        canary_dir = f"{self.out}/{stage}/{where}/{stage_fp}"
+        canary = {"stage": stage, "dir": canary_dir, "spec": f"{base}/spec.json", "items_file": f"{base}/split.0/{SHARD_ITEMS}",
                   "dataset": self.specs[stage, ds]["dataset"], "fingerprint": stage_fp,
-                  "log": f"{self.out}/{stage}/logs/canary.log", "upstream": []}
+                  "log": f"{self.out}/{stage}/logs/canary{'.' + ds if feeder else ''}.log", "upstream": [],
+                  "rule": f"canary_{stage}" + (f"_over_{rule_safe(ds)}" if feeder else ""),
+                  "feeds": feeds if feeder else None}
         up = self.upstream.get((stage, ds))
         if up is None:
             keys = read_shard_keys(f"{base}/split.0")[:n] if n else []  # off: read nothing at parse
         elif up[0] in self.config["stages"] and up[0] in shard_stages(self.config):
-            upstream = self._prepare_canary(up[0])
+            upstream = self._prepare_canary(up[0], up[1], feeds=stage)
             keys = read_shard_keys(upstream["dir"])[:n] if n else []
             dataset = {**{k: v for k, v in canary["dataset"].items() if k not in UPSTREAM_PLAN},
                        "path": upstream["dir"], "source": upstream["dataset"], "upstream_dirs": [upstream["dir"]]}
@@ -675,7 +695,10 @@ class Workflow:
             canary["upstream"].append(self.trainings[source]["model"]["done"])
         write_if_changed(f"{canary_dir}/{KEYS_FILE}", keys_text(keys))
         canary["items"] = len(keys)
-        self.canaries[stage] = canary
+        if feeder:
+            self.feeder_canaries[stage, ds] = canary
+        else:
+            self.canaries[stage] = canary
         return canary
 
     def shard_inputs_arg(self, stage: str, dataset: str, shard: int) -> str:

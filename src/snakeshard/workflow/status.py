@@ -231,6 +231,10 @@ def print_status(wf) -> None:
             failure = canary_failure(stage, wf.canaries[stage], Path(log))
             if failure and merged != "yes":  # merged and current: the failure blocks nothing (a canary forced later)
                 print(f"  canary: failed (log {log}): {failure}")
+        feeder = wf.feeder_canaries.get((stage, ds))  # a canary over this set that a chained stage's canary reads
+        if feeder and (failure := canary_failure(stage, feeder, Path(feeder["log"]))):
+            print(f"  canary over this dataset (for stage {feeder['feeds']!r}'s canary): failed (log {feeder['log']}): "
+                  f"{failure}")
         for shard, state, detail, deleted in set_shard_states(wf, stage, ds, merged):
             n = shard["shard"]
             shard_dir = base / f"split.{n}"
