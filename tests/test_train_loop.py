@@ -375,6 +375,31 @@ def test_checkpoints_of_which_none_reads_are_named_with_how_to_start_over(tmp_pa
     assert all(str(p) in message for p in [manager.latest, *manager.history_files()])
 
 
+def test_a_kill_between_a_history_file_and_latest_pt_resumes_from_the_newer_history_file(tmp_path):
+    """A save writes history/step-N.pt, then latest.pt: a kill between them left latest.pt a save behind, and the
+    resume took it (a user trial: status said `newest checkpoint at step 280`, the run resumed at 270). The newer
+    history file is whole (written atomically): it is the one resumed; an unreadable one is passed over, named."""
+    import shutil
+    import warnings
+
+    from snakeshard.train.checkpoint import CheckpointManager, CheckpointWarning
+
+    manager = CheckpointManager(tmp_path / "checkpoints", keep_latest_k=3)
+    for step in (10, 20):
+        manager.save({"progress": {"step": step}}, step=step)
+    manager.save({"progress": {"step": 30}}, step=30)
+    shutil.copy(manager.history / "step-20.pt", manager.latest)  # latest.pt as the kill before its write left it
+    state, path = manager.load_latest()
+    assert (state["progress"]["step"], path) == (30, manager.history / "step-30.pt")
+    (manager.history / "step-30.pt").write_bytes(b"cut")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        state, path = manager.load_latest()
+    assert (state["progress"]["step"], path) == (20, manager.latest)
+    assert [str(w.message).split(" (")[0] for w in said if w.category is CheckpointWarning] == [
+        f"checkpoint {manager.history / 'step-30.pt'} is unreadable"]
+
+
 def test_a_sound_checkpoint_naming_code_that_does_not_import_is_not_called_unreadable(tmp_path, monkeypatch):
     """A checkpoint holding an object of the user's class (weights_only=False), that class's module gone since: the
     file is sound, so the error says what does not import, and does not advise deleting the checkpoints (it said

@@ -88,26 +88,42 @@ class CheckpointManager:
 
     def read_newest(self) -> tuple[dict, Path] | None:
         """``load_latest`` without its cleaning of a killed save's temp files (``snakeshard status`` reads)."""
-        candidates = ([self.latest] if self.latest.exists() else []) + self.history_files()
+        history = self.history_files()
         failed: list[tuple[Path, str]] = []
+        found = self._first_readable(([self.latest] if self.latest.exists() else []) + history, failed)
+        if found is not None and found[1] == self.latest:
+            # A kill between a save's history file and its latest.pt leaves latest.pt a save behind: the newer
+            # history file is as whole (written atomically) and its steps need not be taken again.
+            step = found[0]["progress"]["step"]
+            newer = self._first_readable([h for h in history if _history_step(h) > step], failed)
+            found = newer or found
+        for bad, why in failed:
+            if found is not None:
+                warnings.warn(f"checkpoint {bad} is unreadable ({why}); resuming from {found[1]} instead",
+                              CheckpointWarning, stacklevel=2)
+        if found is None and failed:
+            raise UnreadableCheckpoints("no readable checkpoint: " + "; ".join(f"{p} ({why})" for p, why in failed)
+                                        + f". Delete {self.directory} (or pass restart) to start over")
+        return found
+
+    @staticmethod
+    def _first_readable(candidates: list[Path], failed: list) -> tuple[dict, Path] | None:
+        """The first of ``candidates`` that reads, and its path; each one before it that does not is added to
+        ``failed`` with why."""
         for path in candidates:
             try:
-                state = read_checkpoint(path)
+                return read_checkpoint(path), path
             except UNREADABLE as e:
                 failed.append((path, f"{type(e).__name__}: {e}".splitlines()[0][:200]))
-                continue
             except (ImportError, AttributeError) as e:  # a sound file naming code that does not import now
                 raise UnreadableCheckpoints(
                     f"checkpoint {path} reads, but names code that does not import now ({type(e).__name__}: {e}): "
                     "restore that module or class, or move the checkpoints away to start over") from e
-            for bad, why in failed:
-                warnings.warn(f"checkpoint {bad} is unreadable ({why}); resuming from {path} instead",
-                              CheckpointWarning, stacklevel=2)
-            return state, path
-        if failed:
-            raise UnreadableCheckpoints("no readable checkpoint: " + "; ".join(f"{p} ({why})" for p, why in failed)
-                                        + f". Delete {self.directory} (or pass restart) to start over")
         return None
+
+
+def _history_step(path: Path) -> int:
+    return int(_HISTORY_NAME.match(path.name).group(1))
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict:
