@@ -219,6 +219,44 @@ def test_changed_config_is_refused_naming_the_key_and_restart_starts_clean(tmp_p
     assert result.resumed_from is None and result.step == 2
 
 
+def test_a_misspelt_score_name_fails_at_the_first_epochs_end_and_its_fix_resumes_that_run(tmp_path):
+    """User trial 10: `score: {name: accuracy}` fails where the first epoch ends (evaluate_step gives 'acc'); the
+    fixed config was then refused as another config's unfinished run, and a whole epoch (hours, on real data) was
+    trained again after an rm -r. No score is taken before an epoch ends, so that run's steps are the fixed
+    config's: it resumes, and ends with an uninterrupted run's weights. A score change after an epoch ended (a
+    score was taken) is still refused."""
+    from snakeshard.errors import ContractError
+    from snakeshard.train import ResumeRefused, train
+    from train_toy import ToyRunner
+
+    config = {"epochs": 2, "batch_size": 16, "seed": 3, "checkpoint": {"interval": 1}}
+    good = {**config, "score": {"name": "acc", "mode": "max"}}
+    env, tk, vk = _toy()
+    with pytest.raises(ContractError, match=r"^stages.<stage>.score.name 'accuracy' is no meter of .*ToyRunner."
+                                            r"evaluate_step: it gave \['acc', 'loss'\]"):
+        train(ToyRunner, env, tk[:64], vk[:16], {**config, "score": {"name": "accuracy"}}, tmp_path / "a",
+              fingerprint="f1", inputs={"provider_config": {"lr": 0.01}})
+    env, tk, vk = _toy()
+    resumed = train(ToyRunner, env, tk[:64], vk[:16], good, tmp_path / "a", fingerprint="f2",
+                    inputs={"provider_config": {"lr": 0.01}})
+    assert resumed.resumed_from is not None and resumed.step == 8 and resumed.best_epoch is not None
+    env, tk, vk = _toy()
+    whole = train(ToyRunner, env, tk[:64], vk[:16], good, tmp_path / "b", fingerprint="f2",
+                  inputs={"provider_config": {"lr": 0.01}})
+    for name in ("latest.pt", "best.pt"):
+        got, want = (torch.load(tmp_path / run / "checkpoints" / name, weights_only=False) for run in ("a", "b"))
+        assert all(torch.equal(got["model"][k], want["model"][k]) for k in want["model"]), name
+    assert (whole.step, whole.best_epoch, whole.best_score) == (resumed.step, resumed.best_epoch, resumed.best_score)
+    # once an epoch has been scored, another score config is another run: refused
+    ck = torch.load(tmp_path / "b/checkpoints/latest.pt", weights_only=False)
+    ck["progress"]["finished"] = False  # as if stopped after its epochs' ends, before the run's end
+    torch.save(ck, tmp_path / "b/checkpoints/latest.pt")
+    env, tk, vk = _toy()
+    with pytest.raises(ResumeRefused, match=r"the config differs \(score.mode: 'max' -> 'min'\)"):
+        train(ToyRunner, env, tk[:64], vk[:16], {**good, "score": {"name": "acc", "mode": "min"}}, tmp_path / "b",
+              fingerprint="f4", inputs={"provider_config": {"lr": 0.01}})
+
+
 def test_early_stopping_with_patience_and_best_pt(tmp_path):
     from snakeshard.train import TorchRunner, train
 

@@ -66,7 +66,7 @@ from pathlib import Path
 import snakeshard.train.rng as rng
 from snakeshard.core.fingerprint import differences
 from snakeshard.core.hooks import runner_name
-from snakeshard.errors import ContractError, SnakeshardError
+from snakeshard.errors import STAGE_KEY, ContractError, SnakeshardError
 from snakeshard.train.checkpoint import CheckpointManager, CheckpointWarning, read_checkpoint
 from snakeshard.train.numerics import settle_vector_math
 from snakeshard.train.ranks import RankLost, World, peer_gone
@@ -444,7 +444,7 @@ def _resume_point(manager, cfg, fingerprint, inputs, ckdir, log_path, world, con
         loaded = manager.load_latest()
         if loaded is not None:
             ck, path = loaded
-            continued = continues.get(ck.get("fingerprint"))
+            continued = continues.get(ck.get("fingerprint")) or unscored_change(ck, cfg, inputs)
             if continued:  # that fingerprint covers all but the keys the reason names: nothing else to compare
                 print(f"{path}: written under another config, resumed as this one's: {continued}", file=sys.stderr,
                       flush=True)
@@ -481,6 +481,21 @@ def what_differs(ck: dict, cfg: dict, fingerprint: str, inputs: dict | None) -> 
         return None
     return (f"the config differs ({'; '.join(diff)})" if diff else
             f"the inputs differ (fingerprint {ck.get('fingerprint')!r} in the checkpoint, {fingerprint!r} now)")
+
+
+def unscored_change(ck: dict, cfg: dict, inputs: dict | None) -> str | None:
+    """Why checkpoint ``ck`` resumes under ``cfg`` though its ``score`` config differs, or None. The score is taken
+    at an epoch's end only (it picks best.pt and stops early); a run stopped before its first epoch ended (a
+    misspelt score.name fails there, a user trial) took none, so each of its steps is this config's too. Data, code,
+    every other key and snakeshard's version must be the checkpoint's."""
+    old = {"ranks": ck.get("world_size", 1), **ck.get("config", {})}
+    if (ck["progress"]["epoch"] != 0 or ck["progress"]["finished"] or old.get("score") == cfg["score"]
+            or config_diff({**old, "score": None}, {**cfg, "score": None})
+            or config_diff(ck.get("inputs") or {}, inputs or {})
+            or (ck.get("versions") or {}).get("snakeshard") != _versions()["snakeshard"]):
+        return None
+    changed = "; ".join(config_diff({"score": old.get("score")}, {"score": cfg["score"]}))
+    return f"only its score differs ({changed}), and no epoch had ended, so no score had been taken"
 
 
 def _refusal_fix(ckdir: Path, log_path: Path) -> str:
@@ -521,7 +536,8 @@ def next_run(run_dir: str | os.PathLike, config: dict, fingerprint: str, inputs:
     if loaded is None:
         return NextRun("starts at step 0 (no checkpoint)")
     ck, path = loaded
-    what = None if ck.get("fingerprint") in continues else what_differs(ck, cfg, fingerprint, inputs)
+    continued = ck.get("fingerprint") in continues or unscored_change(ck, cfg, inputs)
+    what = None if continued else what_differs(ck, cfg, fingerprint, inputs)
     if what is None:
         return NextRun(f"resumes from {path} (step {ck['progress']['step']})")
     if ck["progress"]["finished"]:
@@ -608,10 +624,10 @@ def _end_epoch(runner_cls, name, p, score, meters, valid_batches, eval_kwargs, m
     if score is not None:
         split = score["split"] or ("valid" if valid is not None else "train")
         if split == "valid" and valid is None:
-            raise SnakeshardError("training config: score split 'valid' needs valid keys; there are none")
+            raise SnakeshardError(f"{STAGE_KEY}score.split: 'valid' needs valid keys; there are none")
         source = valid if split == "valid" else meters
         if score["name"] not in source:
-            raise ContractError(f"score.name {score['name']!r} is no meter of {name}."
+            raise ContractError(f"{STAGE_KEY}score.name {score['name']!r} is no meter of {name}."
                                 f"{'evaluate_step' if split == 'valid' else 'train_step'}: it gave {sorted(source)}")
         value = float(source[score["name"]].avg)
         old = p["best_score"]
