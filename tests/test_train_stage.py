@@ -203,6 +203,8 @@ def test_train_infer_score_then_a_model_change_reruns_training_inference_and_sco
     shutil.move(wd / "aside", trained)
     assert "Nothing to be done" in run_snakemake(wd, "-n").stdout
     assert run_cli(wd, "status").stdout.count("merged: yes, current") == status.count("merged: yes")
+    first_model = (trained / "model.pt").read_bytes()
+    first_steps = (trained / "steps.jsonl").read_bytes()
     set_training(wd, hidden=16)  # the model's config only
     dry = run_snakemake(wd, "-n")
     for rule in ("train_train", "shard_infer", "shard_score"):
@@ -212,9 +214,25 @@ def test_train_infer_score_then_a_model_change_reruns_training_inference_and_sco
     result = run_snakemake(wd)
     assert result.returncode == 0, result.stderr[-3000:]
     log = (trained / "logs/train.log").read_text()
-    assert "a finished run of another config or data" in log and "training starts over" in log
+    assert "a finished run of another config or data (the config differs (provider_config.hidden: 32 -> 16)); it " \
+           f"is set aside in {TRAINED}/previous" in log
     assert json.loads((trained / "done").read_text())["fingerprint"] != done["fingerprint"]
     assert torch.load(trained / "model.pt", weights_only=False)["model"]["0.weight"].shape == (16, 40)
+    assert sorted(p.name for p in (trained / "previous").iterdir()) == ["checkpoints", "steps.jsonl"]
+    # Back to the first config (a reverted edit; a user trial retrained then): its finished run is taken back from
+    # previous/, nothing is trained, and model.pt is the first one's, byte for byte; the hidden=16 run is aside now.
+    set_training(wd, hidden=32)
+    assert "train_train" in run_snakemake(wd, "-n").stdout
+    assert f"the next run takes back this config's finished run set aside in {TRAINED}/previous (step 48), " \
+           "training nothing" in run_cli(wd, "status").stdout
+    back = run_snakemake(wd)
+    assert back.returncode == 0, back.stderr[-3000:]
+    log = (trained / "logs/train.log").read_text()
+    assert "taken back from" in log and "step 48, epoch 4" in log  # a finished run: its lines replayed, no step run
+    assert (trained / "model.pt").read_bytes() == first_model and (trained / "steps.jsonl").read_bytes() == first_steps
+    assert json.loads((trained / "done").read_text())["fingerprint"] == done["fingerprint"]
+    assert torch.load(trained / "previous/checkpoints/latest.pt", weights_only=False)["model"]["0.weight"].shape == (
+        16, 40)
 
 
 def test_a_training_keys_fingerprint_ignore_holds_for_the_inference_stages_that_use_its_model(tmp_path):

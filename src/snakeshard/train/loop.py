@@ -9,8 +9,8 @@ each epoch permutes the keys and cuts them into ``batch_size`` batches. ``split_
 e.g. each split's ``dataset``), given to that split's steps on top of ``env``. ``on_line``: called with each
 line written to steps.jsonl (a job's log prints the epochs' lines). ``inputs``: what ``fingerprint`` digests, in
 words (a stage's provider config, datasets, code digests): a refused resume names the entries that differ.
-A checkpoint of a run that finished, under another config or fingerprint, is no run to resume: it is removed and
-training starts over (the stage asked for a new model).
+A checkpoint of a run that finished, under another config or fingerprint, is no run to resume: it is set aside in
+``previous/`` (taken back when the config returns to it) and training starts over (the stage asked for a new model).
 
 The config (every key optional)::
 
@@ -67,7 +67,7 @@ import snakeshard.train.rng as rng
 from snakeshard.core.fingerprint import differences
 from snakeshard.core.hooks import runner_name
 from snakeshard.errors import STAGE_KEY, ContractError, SnakeshardError
-from snakeshard.train.checkpoint import CheckpointManager, CheckpointWarning, read_checkpoint
+from snakeshard.train.checkpoint import UNREADABLE, CheckpointManager, CheckpointWarning, read_checkpoint
 from snakeshard.train.numerics import settle_vector_math
 from snakeshard.train.ranks import RankLost, World, peer_gone
 from snakeshard.train.runner import defines, step_kwargs
@@ -241,7 +241,7 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     p = {"step": 0, "epoch": 0, "batch_pos": 0, "best_score": None, "best_epoch": None, "bad_epochs": 0,
          "finished": False, "stopped_early": False}
     meters_state, log_bytes, resumed_from = None, 0, None
-    loaded = _resume_point(manager, cfg, fingerprint, inputs, ckdir, log_path, world, continues or {})
+    loaded = _resume_point(manager, cfg, fingerprint, inputs, run_dir, world, continues or {})
     if loaded is not None:
         ck, resumed_from = loaded
         _restore(ck, model, optimizer, scheduler, world.rank)
@@ -432,9 +432,9 @@ def _stop_flag():
             signal.signal(sig, handler)
 
 
-def _resume_point(manager, cfg, fingerprint, inputs, ckdir, log_path, world, continues: dict[str, str]):
-    """(checkpoint, path) to resume from, or None to start at step 0. Rank 0 decides (and is the one that starts over
-    or refuses); the other ranks read the file it chose after it decided."""
+def _resume_point(manager, cfg, fingerprint, inputs, run_dir: Path, world, continues: dict[str, str]):
+    """(checkpoint, path) to resume from, or None to start at step 0. Rank 0 decides (and is the one that starts over,
+    sets a run aside, takes one back or refuses); the other ranks read the file it chose after it decided."""
     if world.rank != 0:
         chosen = world.broadcast()
         if chosen["refused"]:
@@ -448,8 +448,10 @@ def _resume_point(manager, cfg, fingerprint, inputs, ckdir, log_path, world, con
             if continued:  # that fingerprint covers all but the keys the reason names: nothing else to compare
                 print(f"{path}: written under another config, resumed as this one's: {continued}", file=sys.stderr,
                       flush=True)
-            elif _another_runs(ck, path, cfg, fingerprint, inputs, ckdir, log_path):
-                loaded = None
+            elif (what := what_differs(ck, cfg, fingerprint, inputs)) is not None:
+                loaded = _leave_other_run(ck, path, what, cfg, fingerprint, inputs, run_dir)
+        else:
+            loaded = _take_back(run_dir, cfg, fingerprint, inputs)
     except SnakeshardError as e:
         world.broadcast({"refused": str(e), "path": None})
         raise
@@ -457,19 +459,70 @@ def _resume_point(manager, cfg, fingerprint, inputs, ckdir, log_path, world, con
     return loaded
 
 
-def _another_runs(ck: dict, path: Path, cfg: dict, fingerprint: str, inputs: dict | None, ckdir: Path,
-                  log_path: Path) -> bool:
-    """Whether checkpoint ``ck`` (at ``path``) is another config's or data's: a finished run's is removed and training
-    starts over (True); an unfinished run's is refused, naming what differs and the rm -r that starts over."""
-    what = what_differs(ck, cfg, fingerprint, inputs)
-    if what is None:
-        return False
+def _leave_other_run(ck: dict, path: Path, what: str, cfg: dict, fingerprint: str, inputs: dict | None,
+                     run_dir: Path) -> tuple[dict, Path] | None:
+    """Checkpoint ``ck`` (at ``path``) is another config's or data's (``what`` differs). A finished run's is set aside
+    (see PREVIOUS) and training starts over (None), or goes on with this config's run set aside before, taken back
+    (its checkpoint); an unfinished run's is refused, naming what differs and the rm -r that starts over."""
     if ck["progress"]["finished"]:
-        print(f"{path}: a finished run of another config or data ({what}); training starts over", file=sys.stderr,
-              flush=True)
-        _start_over(ckdir, log_path)
-        return True
-    raise ResumeRefused(f"{path} {REFUSED}: {what}. " + _refusal_fix(ckdir, log_path))
+        print(f"{path}: a finished run of another config or data ({what}); it is set aside in {run_dir / PREVIOUS}",
+              file=sys.stderr, flush=True)
+        return _set_aside(run_dir, cfg, fingerprint, inputs)
+    raise ResumeRefused(f"{path} {REFUSED}: {what}. " + _refusal_fix(run_dir, cfg, fingerprint, inputs))
+
+
+# A training run's dir holds one run of another config or data besides its own: the last finished one that a config
+# change replaced (its checkpoints/ less history, and steps.jsonl), so that going back to that config (a reverted
+# edit, a bug fixed) takes it back instead of training it again (a user trial retrained after each). 2 checkpoints'
+# room on disk (latest.pt, best.pt); `rm -r <run dir>/previous` frees it.
+PREVIOUS = "previous"
+TAKES_BACK = "takes back this config's finished run"  # how status words it (train.stage reads it there)
+
+
+def _set_aside(run_dir: Path, cfg: dict, fingerprint: str, inputs: dict | None) -> tuple[dict, Path] | None:
+    """Move the finished run in ``run_dir`` (checkpoints/, steps.jsonl) to ``previous/``, taking back the run there
+    first when it is this config's (returned, as _take_back does), else replacing it. A kill in between leaves
+    ``previous.new/`` (removed at the next set-aside) and no checkpoints/: a fresh start."""
+    staged, aside = run_dir / (PREVIOUS + ".new"), run_dir / PREVIOUS
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir()
+    for name in ("steps.jsonl", "checkpoints"):
+        if (run_dir / name).exists():
+            os.replace(run_dir / name, staged / name)
+    shutil.rmtree(staged / "checkpoints" / "history", ignore_errors=True)  # latest.pt and best.pt restore it
+    back = _take_back(run_dir, cfg, fingerprint, inputs)
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(staged, aside)
+    return back
+
+
+def _previous_run(run_dir: Path, cfg: dict, fingerprint: str, inputs: dict | None) -> tuple[dict, Path] | None:
+    """The finished run set aside in ``run_dir/previous`` when it is this config's and data's, else None."""
+    manager = CheckpointManager(run_dir / PREVIOUS / "checkpoints")
+    if not manager.latest.exists():
+        return None
+    try:
+        ck = read_checkpoint(manager.latest)
+    except UNREADABLE:
+        return None
+    if not ck["progress"]["finished"] or what_differs(ck, cfg, fingerprint, inputs) is not None:
+        return None
+    return ck, manager.latest
+
+
+def _take_back(run_dir: Path, cfg: dict, fingerprint: str, inputs: dict | None) -> tuple[dict, Path] | None:
+    """When ``previous/`` holds this config's finished run (and checkpoints/ none: it was set aside or never there),
+    move it back into place, and return its checkpoint as the one to resume (finished: nothing is trained)."""
+    if _previous_run(run_dir, cfg, fingerprint, inputs) is None:
+        return None
+    aside = run_dir / PREVIOUS
+    for name in ("steps.jsonl", "checkpoints"):
+        if (aside / name).exists():
+            os.replace(aside / name, run_dir / name)
+    aside.rmdir()
+    print(f"{run_dir / 'checkpoints'}: this config's finished run, set aside when the config changed, taken back "
+          "from " + str(aside), file=sys.stderr, flush=True)
+    return read_checkpoint(run_dir / "checkpoints" / "latest.pt"), run_dir / "checkpoints" / "latest.pt"
 
 
 def what_differs(ck: dict, cfg: dict, fingerprint: str, inputs: dict | None) -> str | None:
@@ -498,10 +551,15 @@ def unscored_change(ck: dict, cfg: dict, inputs: dict | None) -> str | None:
     return f"only its score differs ({changed}), and no epoch had ended, so no score had been taken"
 
 
-def _refusal_fix(ckdir: Path, log_path: Path) -> str:
-    return ("To train with this config from step 0 (that run's steps are then lost), delete its checkpoints: rm -r "
-            f"{shlex.quote(str(ckdir))} {shlex.quote(str(log_path))}; to resume that run instead, go back to its "
-            "config and data")
+def _refusal_fix(run_dir: Path, cfg: dict, fingerprint: str, inputs: dict | None) -> str:
+    ckdir, log_path = run_dir / "checkpoints", run_dir / "steps.jsonl"
+    if _previous_run(run_dir, cfg, fingerprint, inputs):
+        start = (f"A finished run of this config is set aside in {run_dir / PREVIOUS}: to take it back (training "
+                 "nothing), delete that run's checkpoints")
+    else:
+        start = "To train with this config from step 0 (that run's steps are then lost), delete its checkpoints"
+    return (f"{start}: rm -r {shlex.quote(str(ckdir))} {shlex.quote(str(log_path))}; to resume that run instead, go "
+            "back to its config and data")
 
 
 REFUSED = "was written by an unfinished run of another config or data"  # in the refusal, which status looks for
@@ -526,24 +584,26 @@ def next_run(run_dir: str | os.PathLike, config: dict, fingerprint: str, inputs:
     if cfg["ranks"] is None:  # as train() sets it in a job of one process
         cfg["ranks"] = 1
     run_dir = Path(run_dir)
-    ckdir, log_path = run_dir / "checkpoints", run_dir / "steps.jsonl"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CheckpointWarning)  # an unreadable latest.pt: the next newest is named
-            loaded = CheckpointManager(ckdir).read_newest()
+            loaded = CheckpointManager(run_dir / "checkpoints").read_newest()
     except SnakeshardError as e:
         return NextRun(f"fails: {e}")
+    aside = _previous_run(run_dir, cfg, fingerprint, inputs)
+    take_back = (f"{TAKES_BACK} set aside in {run_dir / PREVIOUS} (step "
+                 f"{aside[0]['progress']['step']}), training nothing") if aside else None
     if loaded is None:
-        return NextRun("starts at step 0 (no checkpoint)")
+        return NextRun(take_back or "starts at step 0 (no checkpoint)")
     ck, path = loaded
     continued = ck.get("fingerprint") in continues or unscored_change(ck, cfg, inputs)
     what = None if continued else what_differs(ck, cfg, fingerprint, inputs)
     if what is None:
         return NextRun(f"resumes from {path} (step {ck['progress']['step']})")
     if ck["progress"]["finished"]:
-        return NextRun(f"starts over: {path} is a finished run's of another config or data ({what})",
-                       what)
-    return NextRun(f"is refused: {path} {REFUSED}: {what}. " + _refusal_fix(ckdir, log_path), what)
+        return NextRun(f"{take_back or 'starts over'}: {path} is a finished run's of another config or data ({what}), "
+                       f"set aside in {run_dir / PREVIOUS}", what)
+    return NextRun(f"is refused: {path} {REFUSED}: {what}. " + _refusal_fix(run_dir, cfg, fingerprint, inputs), what)
 
 
 def _merged(states: list[dict]):

@@ -292,7 +292,7 @@ def training_state(training: dict) -> tuple[str, str]:
     holder = lock_holder(run_dir)
     if holder:
         return "running", f"{where} (pid {holder} holds {run_dir / LOCK})"
-    from snakeshard.train.loop import REFUSED
+    from snakeshard.train.loop import PREVIOUS, REFUSED, TAKES_BACK
 
     log = run_dir / "logs/train.log"
     errors = [line for line in log.read_text(errors="replace").splitlines()
@@ -301,13 +301,18 @@ def training_state(training: dict) -> tuple[str, str]:
     # "failed" with the rm -r of the refusal): what the next run does is said below, from the checkpoint.
     if errors and REFUSED not in errors[-1]:
         return "failed", f"{where} (log {log}): {errors[-1]}"
+    aside = (run_dir / PREVIOUS).is_dir()  # a finished run set aside, which the next run may take back
     if done is not None:
-        after = next_run_of(training) if steps else None
+        after = next_run_of(training) if steps or aside else None
         what = f" ({after.differs})" if after is not None and after.differs else ""
-        return "stale", f"trained with another config or data{what}; snakemake trains again" + (
-            f" ({where})" if steps else "")
+        then = "snakemake trains again"
+        if after is not None and after.sentence.startswith(TAKES_BACK):
+            then = f"the next run {after.sentence.split(': ')[0]}"
+        return "stale", f"trained with another config or data{what}; {then}" + (f" ({where})" if steps else "")
     if steps:
         return "interrupted", f"{where}; the next run {next_run_of(training).sentence}"
+    if aside and (after := next_run_of(training)).sentence.startswith(TAKES_BACK):
+        return "pending", f"the next run {after.sentence}"
     return "pending", ""
 
 
