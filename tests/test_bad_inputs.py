@@ -110,6 +110,10 @@ CONFIG_CASES = [
      ["stages.upper.datasets", "'dev' is not defined under datasets", "['toy']"]),
     ("misspelt-dataset", lambda wd: set_stage(wd, datasets=["tyo"]),
      ["stages.upper.datasets: 'tyo' is not defined under datasets (['toy']); did you mean 'toy'?"]),
+    # a user trial: blamed on datasets.out.dataset, which reads the stage's datasets, not on the misspelt name
+    ("misspelt-dataset-read-downstream", lambda wd: (set_stage(wd, datasets=["tyo"]), set_top(wd, datasets={
+        "toy": {"path": "data/toy"}, "out": {"from_stage": "upper", "dataset": "toy"}})),
+     ["stages.upper.datasets: 'tyo' is not defined under datasets (['out', 'toy']); did you mean 'toy'?"]),
     ("misspelt-runner-class", lambda wd: set_stage(wd, runner="toy.UperRunner"),
      ["stages.upper.runner: cannot import 'toy.UperRunner': module 'toy' (", "defines no 'UperRunner' (did you mean "
       "'UpperRunner'?)"]),

@@ -116,11 +116,8 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
     check_output_dir(output_dir(config))
     datasets = config.get("datasets", {})
     stages = config.get("stages", {})
-    for name, ds in datasets.items():
-        check_dataset_source(name, ds, stages)
-    for name, stage in stages.items():
-        check_stage_kind(name, stage, datasets, stages)  # training stages, and inference from them
-        for ds in stage["datasets"]:
+    for name, stage in stages.items():  # first: a misspelt name here fails a from_stage dataset that reads it too
+        for ds in stage.get("datasets", ()):
             if ds not in datasets:
                 import difflib
 
@@ -128,6 +125,10 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ConfigError(f"stages.{name}.datasets: {ds!r} is not defined under datasets ({sorted(datasets)})"
                                   + hint)
+    for name, ds in datasets.items():
+        check_dataset_source(name, ds, stages)
+    for name, stage in stages.items():
+        check_stage_kind(name, stage, datasets, stages)  # training stages, and inference from them
         if "sharding" not in stage:
             stage["sharding"] = runner_default_sharding(stage["runner"], f"stages.{name}") or dict(DEFAULT_SHARDING)
         sharding_mode(stage["sharding"], f"stages.{name}.sharding")
