@@ -427,7 +427,8 @@ def stage_changes(set_dir: Path, old: str, new: str) -> list[str] | None:
 
 
 # the digests in a stage's payload, in words
-STAGE_DIGESTS = {"code": "its source code", "trained_model": "its training stage trained another model",
+STAGE_DIGESTS = {"code": "its source code",
+                 "trained_model": "its training stage's config, code or data changed: another model",
                  "model_files": "a model file named in provider_config: size or mtime"}
 
 
