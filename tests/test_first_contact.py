@@ -164,9 +164,9 @@ def test_status_names_what_in_the_stage_changed_since_a_shard_ran(toy_workdir):
 
 # -- a dead driver's lock: said so, with the command that clears it --
 
-LOCK_NOTE = ("snakeshard: note: .snakemake/locks holds a lock from an earlier snakemake run, and no snakemake runs in this "
-             "directory on this machine (a driver killed with kill -9 leaves its lock). If snakemake stops below with a "
-             "LockException and none runs here on another machine either, clear the lock, then run again:")
+LOCK_NOTE = ("snakeshard: note: .snakemake/locks holds a lock from an earlier snakemake run, and no snakemake runs in "
+             "this directory on this machine (a driver killed with kill -9 leaves its lock). If snakemake stops below "
+             "with a LockException and none runs here on another machine either, clear the lock, then run again:")
 UNLOCK = "    snakemake --profile config/profiles/local --unlock"
 
 

@@ -291,7 +291,8 @@ def test_a_chained_stages_canary_runs_over_the_dataset_its_chain_reads(tmp_path)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-3000:]
     assert "rule canary_upper_over_test:" in out and "rule canary_upper:" in out
-    canaries = {str(p.parent.parent.relative_to(wd)): p.read_text().split() for p in wd.glob("results/*/_canary*/*/keys")}
+    canaries = {str(p.parent.parent.relative_to(wd)): p.read_text().split()
+                for p in wd.glob("results/*/_canary*/*/keys")}
     assert canaries == {"results/upper/_canary": ["tr0", "tr1"], "results/upper/_canary.test": ["te0", "te1"],
                         "results/score/_canary": ["te0", "te1"]}, canaries
     metrics = json.loads((wd / "results/score/upper_test/metrics.json").read_text())["metrics"]

@@ -49,8 +49,9 @@ def fresh() -> dict:
 
 def not_applied_line(name: str, version: str) -> str:
     patch = PATCHES[name]
-    return (f"snakeshard: note: patch {name} ({patch.cls}.{patch.attr}) not applied: snakemake {version} is outside the "
-            f"versions it was checked against ({patch.checked}); Snakemake runs as shipped (docs/upstream/{name}.md)")
+    return (f"snakeshard: note: patch {name} ({patch.cls}.{patch.attr}) not applied: snakemake {version} is outside "
+            f"the versions it was checked against ({patch.checked}); Snakemake runs as shipped "
+            f"(docs/upstream/{name}.md)")
 
 
 @pytest.mark.parametrize("name", PATCHES)

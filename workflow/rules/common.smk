@@ -53,8 +53,8 @@ if workflow.is_main_process:
     for _stage, _ds in STAGE_SETS:
         _missing = forget_incomplete_merge(f"{WF.out}/{_stage}/{_ds}")
         if _missing:
-            print(f"{NOTE_PREFIX}{WF.out}/{_stage}/{_ds}: merged file(s) {', '.join(_missing)} missing: its merged.json "
-                  "is removed, and the set is merged again from its shards", file=sys.stderr, flush=True)
+            print(f"{NOTE_PREFIX}{WF.out}/{_stage}/{_ds}: merged file(s) {', '.join(_missing)} missing: its "
+                  "merged.json is removed, and the set is merged again from its shards", file=sys.stderr, flush=True)
 
 # A lock a dead driver left (kill -9): Snakemake checks its locks after this parse and stops with a LockException
 # that cannot tell a live run from a dead one. Its lock files name paths, not a process; when no other snakemake

@@ -78,8 +78,9 @@ def with_trained_model(env: dict, spec: dict) -> dict:
     try:
         checkpoint = read_checkpoint(model_ref["path"])
     except UNREADABLE as e:  # written atomically, so a disk fault or a hand edit
-        raise DataError(f"{where}.from_stage: {model_ref['path']} does not read ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0][:200]}); delete {done} and run snakemake, which trains it again") from e
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        raise DataError(f"{where}.from_stage: {model_ref['path']} does not read ({why}); delete {done} and run "
+                        "snakemake, which trains it again") from e
     try:
         env["model"].load_state_dict(checkpoint["model"])
     except RuntimeError as e:  # torch lists each mismatched tensor, a line each

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 from snakeshard.core.shard_files import read_spec
-from snakeshard.errors import MAX_LISTED, WARNING_PREFIX, ConfigError, ContractError, DataError, SnakeshardError, naming_stage
+from snakeshard.errors import (MAX_LISTED, WARNING_PREFIX, ConfigError, ContractError, DataError, SnakeshardError,
+                               naming_stage)
 from snakeshard.train.outputs import DONE, MODEL
 
 LOCK = "train.lock"  # held by the one process training in this dir (see one_trainer)

@@ -673,8 +673,9 @@ class Workflow:
         stage_fp = self.stage_fps[stage, ds]
         where = f"{CANARY_DIR}.{ds}" if feeder else CANARY_DIR  # a canary job removes other fingerprints' dirs there
         canary_dir = f"{self.out}/{stage}/{where}/{stage_fp}"
-        canary = {"stage": stage, "dir": canary_dir, "spec": f"{base}/spec.json", "items_file": f"{base}/split.0/{SHARD_ITEMS}",
-                  "dataset": self.specs[stage, ds]["dataset"], "fingerprint": stage_fp,
+        canary = {"stage": stage, "dir": canary_dir, "spec": f"{base}/spec.json",
+                  "items_file": f"{base}/split.0/{SHARD_ITEMS}", "dataset": self.specs[stage, ds]["dataset"],
+                  "fingerprint": stage_fp,
                   "log": f"{self.out}/{stage}/logs/canary{'.' + ds if feeder else ''}.log", "upstream": [],
                   "rule": f"canary_{stage}" + (f"_over_{rule_safe(ds)}" if feeder else ""),
                   "feeds": feeds if feeder else None}
