@@ -519,7 +519,7 @@ def _take_back(run_dir: Path, cfg: dict, fingerprint: str, inputs: dict | None) 
     for name in ("steps.jsonl", "checkpoints"):
         if (aside / name).exists():
             os.replace(aside / name, run_dir / name)
-    aside.rmdir()
+    shutil.rmtree(aside, ignore_errors=True)
     print(f"{run_dir / 'checkpoints'}: this config's finished run, set aside when the config changed, taken back "
           "from " + str(aside), file=sys.stderr, flush=True)
     return read_checkpoint(run_dir / "checkpoints" / "latest.pt"), run_dir / "checkpoints" / "latest.pt"
