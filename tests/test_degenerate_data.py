@@ -333,12 +333,14 @@ def test_disk_full_cause_reaches_snakemakes_output_and_a_rerun_recovers(project,
     write_config(project, config)
     proc = run_snakemake(project)
     assert proc.returncode != 0
-    lines = [line for line in error_lines(proc) if "No space left on device" in line]
+    # in the lines, not at their start: Snakemake's "Logfile ...: empty file" of another failed job and this job's
+    # own line, written to the same stderr at once, can share a line (1 run in ~12 under load, 2026-11-27)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "No space left on device" in line]
     set_dir = small_disk / "results/energy/six"
     failed = [n for n in range(6) if not (set_dir / f"split.{n}/done").exists()]
     assert failed, "the disk never filled"
     for n in failed:
-        assert any(line.startswith(f"{ERROR}shard {n} ") for line in lines), (n, proc.stderr[-3000:])
+        assert any(f"{ERROR}shard {n} " in line for line in lines), (n, lines)
     subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)
     assert run_snakemake(project).returncode == 0
     assert (set_dir / "blob").read_text() == "".join(f"{k} {k * 100_000}\n" for k in KEYS)
