@@ -189,7 +189,7 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
     by_key = {item.key: item for item in items}
     for name, attr in (("text", "text"), ("utt2spk", "spk")):
         if (path / name).is_file():
-            strays = []
+            strays, stray_count = [], 0  # the first few named, all counted
             for key, value, line_no in _read_kaldi_table(path / name):
                 item = by_key.get(key)
                 if item is not None:
@@ -197,25 +197,28 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
                     if with_records:
                         item.records[name] = value
                 else:
-                    strays.append(f"{key!r} (line {line_no})")
+                    stray_count += 1
+                    if len(strays) < MAX_LISTED:
+                        strays.append(f"{key!r} (line {line_no})")
             if notes is not None:
-                notes.extend(kaldi_file_notes(path, name, attr, strays, items, segments.is_file()))
+                notes.extend(kaldi_file_notes(path, name, attr, strays, stray_count, items, segments.is_file()))
     if notes is not None and (path / "spk2utt").is_file() and not (path / "utt2spk").is_file():
         notes.append(f"{path / 'spk2utt'}: not read: speakers come from utt2spk, which this dir lacks "
                      "(Kaldi's utils/spk2utt_to_utt2spk.pl makes it)")
     return items
 
 
-def kaldi_file_notes(path: Path, name: str, attr: str, strays: list[str], items: list[Item], segments: bool) -> list:
+def kaldi_file_notes(path: Path, name: str, attr: str, strays: list[str], stray_count: int, items: list[Item],
+                     segments: bool) -> list:
     """What Kaldi's validate_data_dir.sh would refuse in ``path/name`` (text or utt2spk) and snakeshard lets
     pass, said as notes: its keys that no item has (a wav.scp filtered and its text kept is common, and such
     lines are only ignored), and items it has no line for (their field is unset; a stage that reads it fails on
-    them, naming the key)."""
+    them, naming the key). ``strays``: the first of the ``stray_count`` keys with no item, described."""
     notes = []
-    if strays:
+    if stray_count:
         holder = "utterance in segments" if segments else "recording in wav.scp"
-        notes.append(f"{path / name}: {len(strays)} key(s) with no {holder}, ignored: "
-                     + listing(len(strays), strays[:MAX_LISTED]) + " (Kaldi's utils/fix_data_dir.sh drops them)")
+        notes.append(f"{path / name}: {stray_count} key(s) with no {holder}, ignored: "
+                     + listing(stray_count, strays) + " (Kaldi's utils/fix_data_dir.sh drops them)")
     unset = [item for item in items if attr not in item.fields]
     if unset:
         notes.append(f"{path / name}: no line for {len(unset)} of {len(items)} key(s), their {attr!r} field unset: "

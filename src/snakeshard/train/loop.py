@@ -513,7 +513,8 @@ def _previous_run(run_dir: Path, cfg: dict, fingerprint: str, inputs: dict | Non
 def _take_back(run_dir: Path, cfg: dict, fingerprint: str, inputs: dict | None) -> tuple[dict, Path] | None:
     """When ``previous/`` holds this config's finished run (and checkpoints/ none: it was set aside or never there),
     move it back into place, and return its checkpoint as the one to resume (finished: nothing is trained)."""
-    if _previous_run(run_dir, cfg, fingerprint, inputs) is None:
+    found = _previous_run(run_dir, cfg, fingerprint, inputs)
+    if found is None:
         return None
     aside = run_dir / PREVIOUS
     for name in ("steps.jsonl", "checkpoints"):
@@ -522,7 +523,7 @@ def _take_back(run_dir: Path, cfg: dict, fingerprint: str, inputs: dict | None) 
     shutil.rmtree(aside, ignore_errors=True)
     print(f"{run_dir / 'checkpoints'}: this config's finished run, set aside when the config changed, taken back "
           "from " + str(aside), file=sys.stderr, flush=True)
-    return read_checkpoint(run_dir / "checkpoints" / "latest.pt"), run_dir / "checkpoints" / "latest.pt"
+    return found[0], run_dir / "checkpoints" / "latest.pt"  # read once, where it was
 
 
 def what_differs(ck: dict, cfg: dict, fingerprint: str, inputs: dict | None) -> str | None:
@@ -590,18 +591,20 @@ def next_run(run_dir: str | os.PathLike, config: dict, fingerprint: str, inputs:
             loaded = CheckpointManager(run_dir / "checkpoints").read_newest()
     except SnakeshardError as e:
         return NextRun(f"fails: {e}")
-    aside = _previous_run(run_dir, cfg, fingerprint, inputs)
-    take_back = (f"{TAKES_BACK} set aside in {run_dir / PREVIOUS} (step "
-                 f"{aside[0]['progress']['step']}), training nothing") if aside else None
+    def take_back() -> str | None:  # asked only where the job would take a run back: it loads a checkpoint
+        aside = _previous_run(run_dir, cfg, fingerprint, inputs)
+        return (f"{TAKES_BACK} set aside in {run_dir / PREVIOUS} (step {aside[0]['progress']['step']}), training "
+                "nothing") if aside else None
+
     if loaded is None:
-        return NextRun(take_back or "starts at step 0 (no checkpoint)")
+        return NextRun(take_back() or "starts at step 0 (no checkpoint)")
     ck, path = loaded
     continued = ck.get("fingerprint") in continues or unscored_change(ck, cfg, inputs)
     what = None if continued else what_differs(ck, cfg, fingerprint, inputs)
     if what is None:
         return NextRun(f"resumes from {path} (step {ck['progress']['step']})")
     if ck["progress"]["finished"]:
-        return NextRun(f"{take_back or 'starts over'}: {path} is a finished run's of another config or data ({what}), "
+        return NextRun(f"{take_back() or 'starts over'}: {path} is a finished run's of another config or data ({what}), "
                        f"set aside in {run_dir / PREVIOUS}", what)
     return NextRun(f"is refused: {path} {REFUSED}: {what}. " + _refusal_fix(run_dir, cfg, fingerprint, inputs), what)
 
