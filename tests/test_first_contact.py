@@ -144,6 +144,56 @@ def test_deleted_done_after_merge_status_says_current_and_target_redoes_it(toy_w
     assert "summary: 4 done" in run_cli(toy_workdir, "status").stdout
 
 
+def test_a_forced_upstream_shard_makes_status_name_the_downstream_shards_snakemake_runs_again(toy_workdir):
+    """Forcing one shard of a stage (the docs' way) reruns the shards of a chained stage that read its keys, though
+    no fingerprint changed (Snakemake: an input newer than the output): status says so for those shards and their
+    merge, and nothing for the others (a user trial: status said current, and snakemake -n ran 2 shards)."""
+    config = read_config(toy_workdir)
+    config["datasets"]["up"] = {"from_stage": "upper", "dataset": "toy"}
+    config["stages"]["again"] = {**config["stages"]["upper"], "datasets": ["up"], "sharding": {"num_shards": 2}}
+    write_config(toy_workdir, config)
+    assert run_snakemake(toy_workdir).returncode == 0
+    (toy_workdir / TOY / "split.1/done").unlink()
+    forced = run_snakemake(toy_workdir, "results/upper/toy/split.1/done")
+    assert forced.returncode == 0 and executed(forced) == ["shard_upper"], forced.stderr[-2000:]
+    status = run_cli(toy_workdir, "status").stdout
+    again = status[status.index("stage again"):status.index("summary")]
+    assert re.search(r"split\.0\s+stale\s+20 items\s+results/upper/toy/split\.1/done is newer than its done: "
+                     r"snakemake runs it again\n", again), status
+    assert re.search(r"split\.1\s+done\s+20 items\n", again), status
+    assert ("merged: yes, not current: snakemake makes it again (split.0 runs again: an input from another stage is "
+            "newer than its done)") in again, status
+    dry = run_snakemake(toy_workdir, "-n")
+    assert sorted(executed(dry, r"shard_\w+|merge")) == ["merge", "merge", "shard_again"], dry.stdout
+    assert run_snakemake(toy_workdir).returncode == 0
+    assert "summary: 6 done" in run_cli(toy_workdir, "status").stdout
+
+
+def test_a_runner_over_a_chained_dataset_runs_in_process_with_the_dataset_as_the_config_writes_it(toy_workdir,
+                                                                                                 monkeypatch):
+    """load_dataset takes a chained dataset as the config writes it ({from_stage, dataset}, output_dir 'results'
+    by default), so a chained stage's runner runs in-process as any other (a user trial: KeyError 'path', and a
+    dataset copied out of an internal spec.json was the only way). Specs that name no data say what to give."""
+    from snakeshard import load_dataset
+    from snakeshard.errors import DataError
+
+    assert run_snakemake(toy_workdir).returncode == 0
+    monkeypatch.chdir(toy_workdir)
+    monkeypatch.syspath_prepend(str(toy_workdir))
+    monkeypatch.delitem(sys.modules, "toy", raising=False)  # this project's, removed again after the test
+    toy = __import__("toy")
+    chained = {"from_stage": "upper", "dataset": "toy"}
+    assert load_dataset(chained).load_field("utt007", "text") == "UTT007"
+    runner = toy.UpperRunner(toy.ToyProvider({"dataset": chained, "suffix": "!"}))
+    assert [r["text"] for r in runner(["utt007", "utt012"])] == ["UTT007!", "UTT012!"]
+    with pytest.raises(DataError, match=r"results/upper/dev: no spec.json there: stage 'upper' over dataset 'dev' "
+                                        r"has not been planned under output_dir 'results'"):
+        load_dataset({"from_stage": "upper", "dataset": "dev"})
+    with pytest.raises(DataError, match=r"names no data: give \{'path': <Kaldi dir or JSON Lines file>\}, or a "
+                                        r"chained dataset \{'from_stage'"):
+        load_dataset({"format": "kaldi"})
+
+
 def test_status_names_what_in_the_stage_changed_since_a_shard_ran(toy_workdir):
     """A stale shard's line names the stage's change, as a refused training resume does (a user trial: it said
     "the stage's config, model files or code" whatever changed): a provider_config value with both values, an

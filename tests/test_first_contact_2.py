@@ -139,6 +139,9 @@ def test_int_indices_are_positions_into_the_dataset_in_plan_order():
     assert [r["key"] for r in KeyRunner(provider)(range(2))] == DEMO_KEYS[:2]
     assert [r["key"] for r in KeyRunner(provider)([9, 0])] == [DEMO_KEYS[9], DEMO_KEYS[0]]
     assert list(load_dataset(DEMO)) == DEMO_KEYS
+    with pytest.raises(KeyError, match=r"0: a dataset's keys are strings; dataset.keys\[0\] is the key at that "
+                                       r"position \(dataset.keys\[0\] is 'cards-001'\)"):
+        load_dataset(DEMO)[0]  # an ESPnet3 dataset's dataset[0]: was a bare KeyError: 0 (a user trial)
 
     from snakeshard.core.plan import make_plan
 

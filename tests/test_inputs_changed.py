@@ -419,8 +419,8 @@ def test_audio_file_removed_behind_an_unchanged_wav_scp_fails_the_parse_naming_i
     (project / "data/six/wav/k4.wav").unlink()
     proc = run_snakemake(project, "-n")
     assert proc.returncode != 0
-    assert ("audio file data/six/wav/k4.wav of shard 4 (results/energy/six/split.4) no longer exists; "
-            "it is still listed in the dataset") in proc.stdout + proc.stderr
+    assert ("audio file data/six/wav/k4.wav of key 'k4' (data/six/wav.scp:5) no longer exists (shard 4, "
+            "results/energy/six/split.4); it is still listed in the dataset") in proc.stdout + proc.stderr
 
 
 def test_a_merged_file_deleted_after_the_merge_is_refused_then_merged_again(project):

@@ -92,11 +92,29 @@ class ItemsStateRunner(ValueRunner):
 
 
 class ArrayRunner(ValueRunner):
-    """feats: a (2, width) matrix per key, width from provider_config.widths (default 3)."""
+    """feats: a (2, width) matrix per key of its value (provider_config.values, default its number), width from
+    provider_config.widths (default 3), and its text."""
 
     @staticmethod
     def forward(key, *, dataset, values, field, widths):
-        return {"feats": np.full((2, widths.get(key, 3)), int(key[3:]), np.float32)}
+        return {"feats": np.full((2, widths.get(key, 3)), values.get(key, int(key[3:])), np.float32), "text": key}
+
+
+class DictMergeRunner(ValueRunner):
+    """ESPnet3's merge: writes its file, returns {}."""
+
+    @classmethod
+    def merge(cls, shard_dirs, output_dir):
+        super().merge(shard_dirs, output_dir)
+        return {}
+
+
+class UnwrittenMergeRunner(ValueRunner):
+    """A merge that names a file it did not write."""
+
+    @classmethod
+    def merge(cls, shard_dirs, output_dir):
+        return [*super().merge(shard_dirs, output_dir), "summary.txt"]
 '''
 
 
@@ -183,6 +201,50 @@ def test_own_writers_whose_close_writers_returns_none_fail_naming_hook_and_files
     log = (wd / "results/s/toy/logs/split.0.log").read_text()
     assert "integ.OwnWritersRunner.close_writers returned None, but its writers wrote ['text'] into" in log, log
     assert not (wd / "results/s/toy/merged.json").exists()
+
+
+def test_a_rerun_removes_the_merged_files_first_so_a_failed_one_leaves_no_scp_into_rewritten_shards(tmp_path):
+    """Merged scp files point into the shards' arks, which a rerun rewrites (or, failing, leaves half written),
+    and kaldiio reads them without asking merged.json: a rerun's first shard job removes the set's merged files,
+    summary and merged.json. After a failed rerun the set has none (before: the old feats.scp read 33 keys' new
+    values, 4 of a failed shard's partial ark, and 6 deleted files: a user trial); shards that succeeded keep
+    their done, and the fixed rerun merges the new values."""
+    wd = project(tmp_path / "wf", runner="ArrayRunner", shards=4, canary=0)
+    set_dir = wd / "results/s/toy"
+    assert run_snakemake(wd).returncode == 0
+    merged = ["feats.scp", "fields.json", "merged.json", "summary.html", "text"]
+    assert json.loads((set_dir / "merged.json").read_text())["files"] == ["feats.scp", "text", "fields.json"]
+    assert all((set_dir / name).exists() for name in merged)
+    set_provider_config(wd, values={"utt000": 100, "utt015": "bad"})  # every shard reruns; shard 1 fails at utt015
+    failed = run_snakemake(wd)
+    assert failed.returncode != 0
+    assert "utt015" in (set_dir / "logs/split.1.log").read_text()
+    assert [name for name in merged if (set_dir / name).exists()] == []
+    assert [(set_dir / f"split.{n}/done").exists() for n in range(4)] == [True, False, True, True]
+    set_provider_config(wd, values={"utt000": 100})
+    fixed = run_snakemake(wd)
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    feats = dict(kaldiio.load_scp_sequential(str(set_dir / "feats.scp")))
+    assert list(feats) == KEYS and feats["utt000"][0, 0] == 100 and feats["utt015"][0, 0] == 15
+    assert all((set_dir / name).exists() for name in merged)
+
+
+@pytest.mark.parametrize("runner, error", [
+    ("DictMergeRunner", "integ.DictMergeRunner.merge returned {}: it returns the list of the names of the files it "
+                        "wrote in "),
+    ("UnwrittenMergeRunner", "integ.UnwrittenMergeRunner.merge returned ['summary.txt'], which "),
+])
+def test_a_merge_that_returns_no_list_of_its_files_fails_naming_the_hook(tmp_path, runner, error):
+    """ESPnet3's merge returns {}: merged.json listed no file, and a merged file removed afterwards went unseen
+    (status said current, snakemake -n nothing to do: a user trial). A returned name that the set dir does not
+    hold is refused too. The merge fails, so nothing is recorded as merged; every shard keeps its done."""
+    wd = project(tmp_path / "wf", runner=runner, shards=2)
+    run = run_snakemake(wd)
+    assert run.returncode != 0
+    log = (wd / "results/s/toy/logs/merge.log").read_text()
+    assert error in log, log[-2000:]
+    assert not (wd / "results/s/toy/merged.json").exists()
+    assert all((wd / f"results/s/toy/split.{n}/done").exists() for n in range(2))
 
 
 def test_names_the_shard_dir_uses_are_refused_and_a_rerun_recovers(tmp_path):

@@ -232,7 +232,7 @@ def test_devices_list_gives_each_worker_its_device():
 
 # -- the pool in shard jobs: stage options workers / devices / worker_order / item_timeout --
 
-from conftest import copy_workflow, read_config, run_snakemake, write_config  # noqa: E402
+from conftest import copy_workflow, read_config, run_cli, run_snakemake, write_config  # noqa: E402
 
 
 def test_asr_demo_with_two_workers_is_byte_identical_to_one(tmp_path):
@@ -273,9 +273,32 @@ def test_a_failing_item_in_a_worker_fails_its_shard_naming_key_and_device(tmp_pa
     run = run_snakemake(wd)
     out = run.stdout + run.stderr
     assert run.returncode != 0
-    assert "shard 1 (log: results/upper/toy/logs/split.1.log): worker" in out and "failed on item 'utt008'" in out
-    assert "RuntimeError: asked to fail on utt008" in (wd / "results/upper/toy/logs/split.1.log").read_text()
+    # one line, ending with the cause (a user trial: it ended at "producer_work raised:", the cause further down)
+    line = ("snakeshard: error: shard 1 (log: results/upper/toy/logs/split.1.log): worker {} (cpu) failed on item "
+            "'utt008': producer_work raised: RuntimeError: asked to fail on utt008\n")
+    assert line.format(0) in out or line.format(1) in out, out
+    log = (wd / "results/upper/toy/logs/split.1.log").read_text()
+    assert 'in forward\n    raise RuntimeError(f"asked to fail on {key}")' in log  # the worker's traceback
+    assert log.endswith(line.format(0)) or log.endswith(line.format(1)), log[-1000:]
     assert (wd / "results/upper/toy/split.0/done").exists() and not (wd / "results/upper/toy/split.1/done").exists()
+
+
+def test_a_canary_that_fails_in_a_worker_is_one_line_and_status_shows_it(tmp_path):
+    """A forward whose env name the provider does not give, run in pool workers: the canary's error is one line
+    naming the cause, and status shows the canary's failure (a user trial: the line was cut before the cause,
+    and status showed stale shards and no canary line)."""
+    wd = toy_project(tmp_path, workers=2, runner="toy.NetRunner")
+    (wd / "toy.py").write_text((wd / "toy.py").read_text() + (
+        "\n\nclass NetRunner(UpperRunner):\n    @staticmethod\n    def forward(key, net, **env):\n"
+        "        return {'text': key}\n"))
+    run = run_snakemake(wd)
+    assert run.returncode != 0
+    error = [line for line in (run.stdout + run.stderr).splitlines() if line.startswith("snakeshard: error: canary")]
+    assert error and error[0].endswith("NetRunner.forward() missing 1 required positional argument: 'net'"), error
+    status = run_cli(wd, "status").stdout
+    assert re.search(r"  canary: failed \(log results/upper/logs/canary.log\): snakeshard: error: canary of stage "
+                     r"'upper' failed, .* worker \d \(cpu\) failed on item 'utt000': producer_work raised: TypeError: "
+                     r"NetRunner.forward\(\) missing 1 required positional argument: 'net'\n", status), status
 
 
 def test_item_timeout_fails_the_job_naming_the_key(tmp_path):

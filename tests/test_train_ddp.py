@@ -164,6 +164,21 @@ def test_a_killed_rank_fails_the_job_in_seconds_naming_it_and_every_interruption
     assert_same(outputs(wd), want)
 
 
+def test_the_rank_named_is_the_one_not_dead_of_the_launchers_sigterm(tmp_path):
+    """The launcher stops the other ranks with SIGTERM; under load its poll saw rank 0 gone of that SIGTERM beside
+    rank 1's kill -9 (neither wrote a status file), and the job named rank 0 (a suite run on a loaded machine)."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from snakeshard.errors import SnakeshardError
+    from snakeshard.train.ranks import _failed
+
+    failures = {0: ProcessFailure(0, 101, -signal.SIGTERM, ""), 1: ProcessFailure(1, 102, -signal.SIGKILL, "")}
+    with pytest.raises(SnakeshardError, match=r"stages.train: rank 1 of 2 died of SIGKILL \(exit code -9, pid 102\)"):
+        _failed("train", failures, tmp_path, 2, tmp_path / "latest.pt")
+    with pytest.raises(SnakeshardError, match=r"rank 0 of 2 died of SIGTERM \(exit code -15, pid 101\)"):
+        _failed("train", {0: failures[0]}, tmp_path, 2, tmp_path / "latest.pt")  # a SIGTERM alone is named
+
+
 def test_a_one_rank_checkpoint_is_refused_under_two_ranks_naming_the_world_size(tmp_path, reference):
     _, want = reference
     wd = ddp_project(tmp_path / "p", step_delay=0.1, ranks=None)

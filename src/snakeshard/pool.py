@@ -53,7 +53,15 @@ POLL_S = 0.1  # how often the caller looks at its workers while none has anythin
 
 
 class PoolError(SnakeshardError):
-    """A worker failed: it raised, died or timed out. Names the device, the item and what happened."""
+    """A worker failed: it raised, died or timed out. Names the device, the item and what happened; for an exception
+    raised in the worker, its traceback follows (``worker_traceback``), and ``line`` is the message in one line ending
+    with the exception (a shard job's error line: the cause, not ``raised:`` and a cut)."""
+
+    def __init__(self, message: str, worker_traceback: str | None = None):
+        self.worker_traceback = worker_traceback
+        last = (worker_traceback or "").strip().splitlines()[-1:]
+        self.line = f"{message}: {last[0]}" if last else message
+        super().__init__(f"{message}:\n{worker_traceback}" if worker_traceback else message)
 
 
 class Cfg(types.SimpleNamespace):
@@ -318,12 +326,12 @@ class _Runner:
                 if kind == "ready":
                     w.ready, w.since = True, time.monotonic()
                 elif kind == "init_error":
-                    raise PoolError(f"{w} failed to start: producer_init raised:\n{payload}")
+                    raise PoolError(f"{w} failed to start: producer_init raised", payload)
                 elif kind == "error":
                     item = next((i for s, i in w.held if s == seq), None)
-                    raise PoolError(f"{w} failed on item {item!r}: producer_work raised:\n{payload}")
+                    raise PoolError(f"{w} failed on item {item!r}: producer_work raised", payload)
                 elif kind == "end_error":
-                    raise PoolError(f"{w}: producer_end raised:\n{payload}")
+                    raise PoolError(f"{w}: producer_end raised", payload)
                 else:  # a result
                     w.held.popleft()
                     w.since = time.monotonic()

@@ -470,6 +470,9 @@ class KaldiDataset:
             if self.shard_items:
                 raise KeyError(f"{key!r}: not in this shard job's slice of the dataset ({self.shard_items}); "
                                "a shard job holds only its own keys") from None
+            if isinstance(key, int) and self.keys:  # ESPnet3's datasets take int indices
+                raise KeyError(f"{key!r}: a dataset's keys are strings; dataset.keys[{key}] is the key at that "
+                               f"position (dataset.keys[0] is {self.keys[0]!r})") from None
             raise
 
     def __getitem__(self, key: str) -> dict:
@@ -659,7 +662,35 @@ class StageOutputDataset(KaldiDataset):
 
 
 def load_dataset(spec: dict) -> KaldiDataset:
-    """The dataset named by a stage's dataset spec, for use in a provider."""
-    if spec.get("format") == STAGE_FORMAT:
+    """The dataset named by a stage's dataset spec, for use in a provider. In-process (a notebook, a test) a dataset
+    is given as the config writes it: ``{"path": ...}``, or a chained one ``{"from_stage": ..., "dataset": ...}``
+    (plus ``output_dir`` when it is not ``results``), which reads that stage's merged output (see chained_spec)."""
+    if spec.get("format") == STAGE_FORMAT:  # as a shard job gets it (its from_stage too)
         return StageOutputDataset(spec)
+    if "from_stage" in spec:
+        return StageOutputDataset(chained_spec(spec))
+    if "path" not in spec:
+        raise DataError(f"dataset spec {spec!r} names no data: give {{'path': <Kaldi dir or JSON Lines file>}}, or a "
+                        "chained dataset {'from_stage': <stage>, 'dataset': <its dataset>, 'output_dir': 'results'}")
     return KaldiDataset(spec)
+
+
+def chained_spec(spec: dict) -> dict:
+    """The spec of a chained dataset written as in the config (``from_stage``, ``dataset``, ``output_dir``), as a
+    shard job gets it: the upstream set's dir, and its own dataset, read from the ``spec.json`` that the last
+    snakemake parse wrote there (a user trial found no way to run a chained stage's runner in-process)."""
+    from snakeshard.core.shard_files import read_spec
+
+    if "dataset" not in spec:
+        raise DataError(f"chained dataset spec {spec!r}: name the dataset of stage {spec['from_stage']!r} it reads "
+                        "('dataset': ...)")
+    out = spec.get("output_dir", "results")
+    set_dir = os.path.join(out, spec["from_stage"], spec["dataset"])
+    try:
+        upstream = read_spec(os.path.join(set_dir, "spec.json"))
+    except FileNotFoundError:
+        raise DataError(f"{set_dir}: no spec.json there: stage {spec['from_stage']!r} over dataset {spec['dataset']!r} "
+                        f"has not been planned under output_dir {out!r} (run snakemake -n in the project, or give "
+                        "'output_dir': the config's, from this working directory)") from None
+    return {"name": spec.get("name", spec["dataset"]), "format": STAGE_FORMAT, "path": set_dir,
+            "source": upstream["dataset"]}

@@ -21,6 +21,8 @@ import shutil
 import zlib
 from pathlib import Path
 
+from snakeshard.core.hooks import runner_name
+from snakeshard.core.merged_files import merged_record
 from snakeshard.core.set_summary import write_set_summary
 from snakeshard.core.shard_files import FINGERPRINTS_FILE, read_fingerprints, read_shard_keys, shard_job_files
 from snakeshard.errors import MAX_LISTED, MergeError, SnakeshardError
@@ -325,7 +327,7 @@ def merge_set(set_dir: Path, plan: dict, fingerprints: dict, runner_cls) -> dict
         raise MergeError(f"refusing to merge {set_dir}: {len(shard_fps)} shard fingerprints for "
                          f"{plan['num_shards']} planned shards (plan and fingerprints out of step: rerun snakemake)")
     shard_dirs, dones = check_shards(set_dir, plan, shard_fps)
-    files = runner_cls.merge(shard_dirs, set_dir) or []
+    files = _merged_files(runner_cls, runner_cls.merge(shard_dirs, set_dir), set_dir)
     summary = write_set_summary(set_dir, set_dir.parent.name, set_dir.name, plan, dones)
     record = {"items": plan["num_items"], "shards": plan["num_shards"], "fingerprint": fingerprints["stage"],
               "inputs": fingerprints["inputs"], "files": list(files), "set_dir": os.path.abspath(set_dir)}
@@ -333,6 +335,21 @@ def merge_set(set_dir: Path, plan: dict, fingerprints: dict, runner_cls) -> dict
     for name in [*record["files"], summary, "merged.json"]:  # what a merge killed before its renames left
         remove_temps_of(set_dir / name)
     return record
+
+
+def _merged_files(runner_cls, returned, set_dir: Path) -> list[str]:
+    """What a runner's ``merge`` returned, checked: the names (in ``set_dir``) of the files it wrote, which
+    merged.json lists, and by which status, the readers and a shard's rerun know the merged output. ESPnet3's merge
+    returns ``{}``: taken at its word, its merged file was tracked by nothing (a user trial removed it, and status
+    still said current)."""
+    hook = f"{runner_name(runner_cls)}.merge"
+    if not (isinstance(returned, (list, tuple)) and all(isinstance(name, str) for name in returned)):
+        raise MergeError(f"{hook} returned {returned!r}: it returns the list of the names of the files it wrote in "
+                         f"{set_dir} (merged.json lists them; [] if it wrote none)")
+    missing = [name for name in returned if not (set_dir / name).is_file()]
+    if missing:
+        raise MergeError(f"{hook} returned {missing[:MAX_LISTED]}, which {set_dir} does not hold")
+    return list(returned)
 
 
 def remove_unplanned_shards(set_dir: Path, num_shards: int) -> list[int]:
@@ -372,15 +389,6 @@ def remove_unused_job_files(set_dir: Path, num_shards: int, shards_per_job: int,
     with contextlib.suppress(OSError):  # empty now: a set whose shards run one a job has no jobs/ dir
         os.rmdir(Path(set_dir, "jobs"))
     return sorted(removed)
-
-
-def merged_record(set_dir) -> dict | None:
-    try:
-        return json.loads(Path(set_dir, "merged.json").read_text())
-    except FileNotFoundError:
-        return None
-    except ValueError:  # cut short: treat as not merged, the next run merges again
-        return None
 
 
 def moved_from(set_dir, record: dict) -> str | None:

@@ -6,7 +6,7 @@ in-process call ``MyRunner(provider, output_dir=...)(keys)``.
 Crash safety: an attempt holds ``.attempt`` (flock) from start to end, so a retry waits for an orphaned
 attempt (a driver killed with -9 leaves its jobs running) instead of emptying the dir under it; the shard dir
 is then emptied (all but what the parse wrote there), so nothing from a killed attempt survives into
-this one, and the set's merged.json goes first when that removes files its merged output may point into;
+this one, and the set's merged output goes first when that removes files it may point into;
 ``done`` is written last, by rename, and only if this attempt still owns the directory.
 """
 
@@ -61,14 +61,16 @@ def claimed_shard_dir(shard_dir: str):
 
 def clear_shard_dir(shard_dir: str) -> None:
     """Remove every entry but what the parse wrote (``KEEP_ON_CLEAR``) and the ``.attempt`` lock. When an earlier
-    attempt's files are there, the set's merged.json goes first: merged scp files point into shard arks, and a
-    merge that says it is current must not outlive them (Snakemake then merges again; a killed forced rerun of
-    one shard left a current-looking merge whose scp pointed at a deleted ark: a user trial, 2026-11-27)."""
+    attempt's files are there, the set's merged output goes first (``withdraw_merged``): merged scp files point
+    into shard arks, and no merged file may outlive what it points at (a killed forced rerun of one shard left a
+    current-looking merge whose scp pointed at a deleted ark; a failed rerun, merged scp files that read new
+    values and a partial ark: user trials, 2026-11-27)."""
     os.makedirs(shard_dir, exist_ok=True)
     leftovers = [entry for entry in os.scandir(shard_dir) if entry.name not in KEEP_ON_CLEAR | {ATTEMPT_FILE}]
     if leftovers and os.path.basename(os.path.abspath(shard_dir)).startswith("split."):  # a set's shard
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(os.path.dirname(os.path.abspath(shard_dir)), "merged.json"))
+        from snakeshard.core.merged_files import withdraw_merged  # only on a rerun: its imports cost every job
+
+        withdraw_merged(os.path.dirname(os.path.abspath(shard_dir)))
     for entry in leftovers:
         if entry.is_dir(follow_symlinks=False):
             import shutil  # only after a failed attempt: its imports cost every job ~2 ms
@@ -280,7 +282,9 @@ def _run_shard(runner_cls, env: dict, kwargs: dict, keys: list[str], shard_dir: 
             try:
                 pool(units)
             except PoolError as e:
-                raise ShardError(f"{where}: {e}") from None
+                if e.worker_traceback:  # to the log, above the job's one error line
+                    print(e.worker_traceback, end="", file=sys.stderr, flush=True)
+                raise ShardError(f"{where}: {e.line}") from None
         while pool is None and next_key < len(keys):  # without a pool: forward runs here
             t0 = time.perf_counter()
             if batches is not None:  # one call per planned batch

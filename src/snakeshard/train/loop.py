@@ -476,7 +476,6 @@ def _leave_other_run(ck: dict, path: Path, what: str, cfg: dict, fingerprint: st
 # edit, a bug fixed) takes it back instead of training it again (a user trial retrained after each). 2 checkpoints'
 # room on disk (latest.pt, best.pt); `rm -r <run dir>/previous` frees it.
 PREVIOUS = "previous"
-TAKES_BACK = "takes back this config's finished run"  # how status words it (train.stage reads it there)
 
 
 def _set_aside(run_dir: Path, cfg: dict, fingerprint: str, inputs: dict | None) -> tuple[dict, Path] | None:
@@ -570,10 +569,12 @@ REFUSED = "was written by an unfinished run of another config or data"  # in the
 class NextRun:
     """What the next run of a training does with the newest checkpoint in its dir (``next_run``): ``sentence``, the
     decision (resume, start, start over, refuse) as status words it after "the next run "; ``differs``, what differs
-    between the checkpoint's config and data and the current ones (None: nothing)."""
+    between the checkpoint's config and data and the current ones (None: nothing); ``takes_back``, the part of the
+    sentence that says the run set aside in previous/ is taken back (None: it is not)."""
 
     sentence: str
     differs: str | None = None
+    takes_back: str | None = None
 
 
 def next_run(run_dir: str | os.PathLike, config: dict, fingerprint: str, inputs: dict | None,
@@ -593,19 +594,21 @@ def next_run(run_dir: str | os.PathLike, config: dict, fingerprint: str, inputs:
         return NextRun(f"fails: {e}")
     def take_back() -> str | None:  # asked only where the job would take a run back: it loads a checkpoint
         aside = _previous_run(run_dir, cfg, fingerprint, inputs)
-        return (f"{TAKES_BACK} set aside in {run_dir / PREVIOUS} (step {aside[0]['progress']['step']}), training "
-                "nothing") if aside else None
+        return (f"takes back this config's finished run set aside in {run_dir / PREVIOUS} (step "
+                f"{aside[0]['progress']['step']}), training nothing") if aside else None
 
     if loaded is None:
-        return NextRun(take_back() or "starts at step 0 (no checkpoint)")
+        back = take_back()
+        return NextRun(back or "starts at step 0 (no checkpoint)", takes_back=back)
     ck, path = loaded
     continued = ck.get("fingerprint") in continues or unscored_change(ck, cfg, inputs)
     what = None if continued else what_differs(ck, cfg, fingerprint, inputs)
     if what is None:
         return NextRun(f"resumes from {path} (step {ck['progress']['step']})")
     if ck["progress"]["finished"]:
-        return NextRun(f"{take_back() or 'starts over'}: {path} is a finished run's of another config or data ({what}), "
-                       f"set aside in {run_dir / PREVIOUS}", what)
+        back = take_back()
+        return NextRun(f"{back or 'starts over'}: {path} is a finished run's of another config or data ({what}), "
+                       f"set aside in {run_dir / PREVIOUS}", what, back)
     return NextRun(f"is refused: {path} {REFUSED}: {what}. " + _refusal_fix(run_dir, cfg, fingerprint, inputs), what)
 
 

@@ -293,7 +293,7 @@ def training_state(training: dict) -> tuple[str, str]:
     holder = lock_holder(run_dir)
     if holder:
         return "running", f"{where} (pid {holder} holds {run_dir / LOCK})"
-    from snakeshard.train.loop import PREVIOUS, REFUSED, TAKES_BACK
+    from snakeshard.train.loop import PREVIOUS, REFUSED
 
     log = run_dir / "logs/train.log"
     errors = [line for line in log.read_text(errors="replace").splitlines()
@@ -307,12 +307,12 @@ def training_state(training: dict) -> tuple[str, str]:
         after = next_run_of(training) if steps or aside else None
         what = f" ({after.differs})" if after is not None and after.differs else ""
         then = "snakemake trains again"
-        if after is not None and after.sentence.startswith(TAKES_BACK):
-            then = f"the next run {after.sentence.split(': ')[0]}"
+        if after is not None and after.takes_back:
+            then = f"the next run {after.takes_back}"
         return "stale", f"trained with another config or data{what}; {then}" + (f" ({where})" if steps else "")
     if steps:
         return "interrupted", f"{where}; the next run {next_run_of(training).sentence}"
-    if aside and (after := next_run_of(training)).sentence.startswith(TAKES_BACK):
+    if aside and (after := next_run_of(training)).takes_back:
         return "pending", f"the next run {after.sentence}"
     return "pending", ""
 

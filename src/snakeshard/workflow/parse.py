@@ -432,6 +432,17 @@ STAGE_DIGESTS = {"code": "its source code",
                  "model_files": "a model file named in provider_config: size or mtime"}
 
 
+def _listed_audio(base: str, shard: int, path: str) -> str:
+    """A missing audio file named with its key and the line that lists it (the shard's items.json holds both: a
+    user trial got the path alone, where a plan made afresh names key and line)."""
+    try:
+        items = json.loads(Path(base, f"split.{shard}", SHARD_ITEMS).read_text())["items"]
+        key, source = next((key, source) for key, source, audio, *_ in items if audio == path)
+    except (OSError, ValueError, KeyError, StopIteration):
+        return f"audio file {path}"
+    return f"audio file {path} of key {key!r} ({source})"
+
+
 class Workflow:
     """Per-parse view of a config: plans and fingerprints for every stage/dataset, computed once.
 
@@ -606,8 +617,8 @@ class Workflow:
             try:
                 digests.append(audio_identity(paths, stat_cache))
             except FileNotFoundError as e:
-                raise DataError(f"audio file {e.filename} of shard {shard} ({base}/split.{shard}) no longer exists; "
-                                "it is still listed in the dataset") from None
+                raise DataError(f"{_listed_audio(base, shard, e.filename)} no longer exists (shard {shard}, "
+                                f"{base}/split.{shard}); it is still listed in the dataset") from None
         return digests
 
     def _prepare_training(self, stage: str) -> None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from snakeshard.core.merge import (UnreadableDone, done_moved, merged_record, missing_merged_files,
-                                   moved_fix, moved_from, read_done, remerge_fix)
+from snakeshard.core.merge import (UnreadableDone, done_moved, missing_merged_files, moved_fix, moved_from, read_done,
+                                   remerge_fix)
+from snakeshard.core.merged_files import merged_record
 from snakeshard.core.plan import shards_text
 from snakeshard.core.shard import ATTEMPT_FILE
 from snakeshard.core.shard_files import MERGE_LOG
@@ -153,8 +154,11 @@ def remade_because(wf, stage: str, ds: str, trainings: dict, memo: dict) -> str 
         source = model_source(wf.config, stage)
         up = wf.upstream.get((stage, ds))
         newer = newer_than_merge(Path(wf.out) / stage / ds, wf.job_done_files(stage, ds))
+        late = next((n for n in range(wf.plans[stage, ds]["num_shards"]) if upstream_newer(wf, stage, ds, n)), None)
         if newer:  # Snakemake's mtime trigger: a merge input newer than its output
             memo[stage, ds] = f"{newer} is newer than its merged.json: a shard job ran since the merge"
+        elif late is not None:  # and a shard's
+            memo[stage, ds] = f"split.{late} runs again: an input from another stage is newer than its done"
         elif source and trainings[source][0] != "done":
             memo[stage, ds] = f"its model, training stage {source}, is {trainings[source][0]}"
         elif up and (_upstream_rerun(wf, stage, up) or remade_because(wf, *up, trainings, memo)):
@@ -184,7 +188,31 @@ def set_shard_states(wf, stage: str, ds: str, merged: str):
         files = [name for name in FINGERPRINT_DEFAULTS["records"] if name in counted and name in shard["records"]]
         state, detail = shard_state(base / f"split.{n}", Path(wf.shard_job_files(stage, ds, n)[0]),
                                     {**expected, "stage": wf.stage_fps[stage, ds]}, n, files or ["its record files"])
+        if state == "done" and (newer := upstream_newer(wf, stage, ds, n)):
+            state, detail = "stale", f"{newer} is newer than its done: snakemake runs it again"
         yield shard, state, detail, state in ("pending", "incomplete") and merged == "yes"
+
+
+def upstream_newer(wf, stage: str, ds: str, n: int) -> str | None:
+    """The first file of another stage's that shard ``n``'s job waits for (an upstream shard's done, a merged.json,
+    a trained model's done) modified after the shard's done, or None. Snakemake reruns a job whose input is newer
+    than its output though no fingerprint changed: an upstream shard forced to run again (a user trial: status
+    said current, snakemake -n reran 2 shards). A job of several shards is left out: it skips its shards that are
+    done for their current inputs."""
+    output = wf.shard_job_files(stage, ds, n)[1]
+    if not wf.waits_upstream(stage) or not output.endswith(f"split.{n}/done"):
+        return None
+    try:
+        made = os.stat(output).st_mtime_ns
+    except OSError:
+        return None
+    for path in wf.shard_upstream(stage, ds, range(n, n + 1)):
+        try:
+            if os.stat(path).st_mtime_ns > made:
+                return path
+        except OSError:
+            continue
+    return None
 
 
 def newer_than_merge(set_dir: Path, job_outputs: list[str]) -> str | None:
