@@ -154,10 +154,10 @@ def remade_because(wf, stage: str, ds: str, trainings: dict, memo: dict) -> str 
         source = model_source(wf.config, stage)
         up = wf.upstream.get((stage, ds))
         newer = newer_than_merge(Path(wf.out) / stage / ds, wf.job_done_files(stage, ds))
-        late = next((n for n in range(wf.plans[stage, ds]["num_shards"]) if upstream_newer(wf, stage, ds, n)), None)
+        shards = range(wf.plans[stage, ds]["num_shards"])
         if newer:  # Snakemake's mtime trigger: a merge input newer than its output
             memo[stage, ds] = f"{newer} is newer than its merged.json: a shard job ran since the merge"
-        elif late is not None:  # and a shard's
+        elif (late := next((n for n in shards if upstream_newer(wf, stage, ds, n)), None)) is not None:  # a shard's
             memo[stage, ds] = f"split.{late} runs again: an input from another stage is newer than its done"
         elif source and trainings[source][0] != "done":
             memo[stage, ds] = f"its model, training stage {source}, is {trainings[source][0]}"
