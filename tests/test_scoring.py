@@ -336,6 +336,73 @@ def test_config_errors_name_the_key(tmp_path, provider_config, message):
     assert not (wd / "results/score/_canary").exists() and not list((wd / "results/score/scored").glob("split.*"))
 
 
+def scoring_project(tmp_path: Path, records: list[dict], provider_config: dict) -> Path:
+    """jsonl_project with the stage's provider_config exactly ``provider_config`` (hypothesis hyp, reference ref)."""
+    wd = jsonl_project(tmp_path, records)
+    config = read_config(wd)
+    config["stages"]["score"]["provider_config"] = {"hypothesis": "hyp", "reference": "ref", **provider_config}
+    write_config(wd, config)
+    return wd
+
+
+@pytest.mark.parametrize("provider_config, message", [
+    ({"metrics": ["eer"], "p_target": 1.5},  # printed minDCF 1.0000, exit 0 (a user trial)
+     "stages.score.provider_config.p_target: the prior of a target, between 0 and 1 (exclusive), got 1.5"),
+    ({"metrics": ["min_dcf"], "c_miss": -1}, "stages.score.provider_config.c_miss: a cost, above 0, got -1"),
+    ({"metrics": ["classification"], "normalize": ["lowercase"]},  # "b" and "B" stayed two classes, silently
+     "stages.score.provider_config.normalize: a normalization of wer and cer text, and metrics ['classification'] "
+     "holds neither: class labels are compared as written"),
+    ({"metrics": ["auroc", "eer"], "group_by": "spk"},  # empty groups in metrics.json, silently
+     "stages.score.provider_config.group_by: per-group values are computed for wer, cer, classification, "
+     "regression; auroc, eer are computed over the whole set only"),
+])
+def test_options_a_metric_would_ignore_or_misread_end_the_parse_naming_the_key(tmp_path, provider_config, message):
+    wd = scoring_project(tmp_path, [{"key": f"k{i}", "spk": "a", "ref": 1, "hyp": 0.5} for i in range(4)],
+                         provider_config)
+    run = run_snakemake(wd, "-n")
+    assert run.returncode != 0 and f"snakeshard: error: {message}" in run.stdout + run.stderr, run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("metric, bad, message", [
+    ("wer", ["a", "b"], "item 'k1': hypothesis field 'hyp' holds ['a', 'b'] (a list), not text: wer and cer score "
+                        "strings (a token list: join it with spaces first)"),  # scored as "['a', 'b']" (a trial)
+    ("classification", 1.5, "item 'k1': hypothesis field 'hyp' holds 1.5, not a class label: a string, or a whole "
+                            "number"),
+    ("regression", True, "item 'k1': hypothesis field 'hyp' holds True, not a finite number"),
+    ("auroc", "nan", "item 'k1': hypothesis field 'hyp' holds 'nan', not a finite number"),  # failed only at merge
+])
+def test_a_json_value_a_metric_cannot_read_fails_its_shard_naming_key_and_field(tmp_path, metric, bad, message):
+    """A JSON Lines field may hold any JSON value: each is checked for what its metric reads, in the shard, and
+    the error names the key and the field (before, str() of it was scored: a token list as text, 1 and 1.0 as two
+    classes, true as a number; a NaN score failed the merge with a traceback)."""
+    good = {"wer": "a b", "classification": 1, "regression": 2.5, "auroc": 0.5}[metric]
+    records = [{"key": f"k{i}", "ref": good if metric != "auroc" else i % 2, "hyp": bad if i == 1 else good}
+               for i in range(4)]
+    wd = scoring_project(tmp_path, records, {"metrics": [metric], **({"normalize": []} if metric == "wer" else {})})
+    run = run_snakemake(wd, "--config", "canary=0")
+    assert run.returncode != 0
+    assert message in (wd / "results/score/scored/logs/split.0.log").read_text()
+    assert (wd / "results/score/scored/split.1/done").exists()  # k2, k3: the other shard kept its result
+
+
+def test_whole_numbers_are_one_class_and_an_undefined_metric_is_null(tmp_path):
+    """Labels 1, 1.0 and "1" are one class (as for scikit-learn); R2 and Pearson of a constant target are
+    undefined: null in metrics.json (strict JSON; a bare NaN was written), 'undefined' in metrics.txt."""
+    records = [{"key": "k0", "ref": 1, "hyp": 1.0}, {"key": "k1", "ref": "1", "hyp": 1}, {"key": "k2", "ref": 2,
+                                                                                          "hyp": 2.0}]
+    wd = scoring_project(tmp_path / "cls", records, {"metrics": ["classification"]})
+    assert run_snakemake(wd).returncode == 0
+    value = json.loads((wd / "results/score/scored/metrics.json").read_text())["metrics"]["classification"]["value"]
+    assert value["accuracy"] == 1.0 and sorted(value["per_class"]) == ["1", "2"]
+    records = [{"key": f"k{i}", "ref": 3.0, "hyp": 3.0 + i / 10} for i in range(4)]
+    wd = scoring_project(tmp_path / "reg", records, {"metrics": ["regression"]})
+    assert run_snakemake(wd).returncode == 0
+    text = (wd / "results/score/scored/metrics.json").read_text()
+    value = json.loads(text)["metrics"]["regression"]["value"]
+    assert value["r2"] is None and value["pearson"] is None and "NaN" not in text
+    assert "Pearson undefined, R2 undefined (4 items)" in (wd / "results/score/scored/metrics.txt").read_text()
+
+
 def test_normalization_must_be_explicit_for_wer():
     from snakeshard.errors import ConfigError
     from snakeshard.stages.scoring import Scoring
@@ -354,6 +421,15 @@ def test_snakeshard_wer_names_a_key_on_one_side_only(tmp_path):
     (tmp_path / "hyp").write_text("a X Y\nb z\n")
     run = run_cli(tmp_path, "wer", "--hyp", "hyp", "--ref", "ref", "--normalize", "lowercase")
     assert run.returncode == 0 and run.stdout.startswith("WER 0.00% (0 sub, 0 del, 0 ins of 3 words, 2 utterances)")
+    # read as a dataset's Kaldi text is (a user trial: a tab-separated line was a key 'a\tx y' missing from hyp)
+    (tmp_path / "ref").write_text("a\tx y\nb z\n")
+    run = run_cli(tmp_path, "wer", "--hyp", "hyp", "--ref", "ref", "--normalize", "lowercase")
+    assert run.returncode == 0 and run.stdout.startswith("WER 0.00% (0 sub, 0 del, 0 ins of 3 words, 2 utterances)")
+    for text, error in (("\ufeffa x y\nb z\n", "ref:1: starts with a UTF-8 byte-order mark (U+FEFF)"),
+                        ("a x y\n\nb z\n", "ref:2: empty line (Kaldi tables have one 'key value' per line)")):
+        (tmp_path / "ref").write_text(text)
+        run = run_cli(tmp_path, "wer", "--hyp", "hyp", "--ref", "ref")
+        assert run.returncode == 1 and error in run.stderr, run.stderr
 
 
 def test_the_report_rule_refuses_a_stale_merge(scored):

@@ -100,9 +100,12 @@ def _stream_lines(path: Path):
             yield line[:-1] if line.endswith("\n") else line
 
 
-def _read_kaldi_table(path: Path):
+def read_kaldi_table(path: Path):
     """``key value`` lines -> (key, value, line_no), one at a time; blank lines are an error, not skipped."""
     for line_no, line in enumerate(read_text_lines(path), 1):
+        if line_no == 1 and line.startswith("\ufeff"):
+            raise DataError(f"{path}:1: starts with a UTF-8 byte-order mark (U+FEFF), which would be part of its "
+                            "first key: save the file without it")
         if not line.strip():
             raise DataError(f"{path}:{line_no}: empty line (Kaldi tables have one 'key value' per line)")
         if line[0].isspace():
@@ -145,7 +148,7 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
         raise DataError(f"{path}: not a Kaldi data dir (no wav.scp){hint}")
     wavs = {}
     items = []
-    for key, value, line_no in _read_kaldi_table(wav_scp):
+    for key, value, line_no in read_kaldi_table(wav_scp):
         if not value:
             raise DataError(f"{wav_scp}:{line_no}: key {key!r} has no audio path")
         if not is_pipe(value) and len(value.split()) > 1:
@@ -161,7 +164,7 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
     if segments.is_file():
         # With segments, the items are utterances cut from the recordings in wav.scp.
         items = []
-        for key, value, line_no in _read_kaldi_table(segments):
+        for key, value, line_no in read_kaldi_table(segments):
             parts = value.split()
             where = f"{segments}:{line_no}"
             if len(parts) != 3:
@@ -182,7 +185,7 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
     utt2dur = path / "utt2dur"
     if utt2dur.is_file() and not segments.is_file():
         durations = {k: duration_seconds(v, f"{utt2dur}:{n}", f"duration of {k!r}")
-                     for k, v, n in _read_kaldi_table(utt2dur)}
+                     for k, v, n in read_kaldi_table(utt2dur)}
         for item in items:
             item.seconds = durations.get(item.key)
 
@@ -190,7 +193,7 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
     for name, attr in (("text", "text"), ("utt2spk", "spk")):
         if (path / name).is_file():
             strays, stray_count = [], 0  # the first few named, all counted
-            for key, value, line_no in _read_kaldi_table(path / name):
+            for key, value, line_no in read_kaldi_table(path / name):
                 item = by_key.get(key)
                 if item is not None:
                     item.fields[attr] = value

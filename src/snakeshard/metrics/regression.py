@@ -5,7 +5,8 @@ al.'s pairwise formulas, which do not lose precision to a large mean as raw sums
 sums of absolute and squared errors. All float64; states are merged in a canonical order, so the
 result does not depend on their order. Measured against exact rational arithmetic: MSE, MAE, RMSE within
 1e-12 relative; Pearson and R2 within 1e-12 at unit scale and 5.4e-12 for values around 1e6 with unit
-spread (7 shards; raw sums of squares would be off by ~1e-4 there).
+spread (7 shards; raw sums of squares would be off by ~1e-4 there); a user trial measured 1.0e-10 for R2 there in
+1,000 one-key shards, and 1.9e-8 around 1e8: past unit scale the last digits depend on the sharding.
 """
 
 from __future__ import annotations

@@ -171,9 +171,13 @@ class ErrorRate(Metric):
 
 def summary_line(name: str, value: dict) -> str:
     """One line for an error rate's ``compute()`` value (``name``: wer or cer), as metrics.txt shows it."""
-    unit = "words" if name == "wer" else "characters"
+    def counted(n: int, noun: str) -> str:
+        return f"{n} {noun}{'' if n == 1 else 's'}"
+
+    unit = "word" if name == "wer" else "character"
     return (f"{name.upper()} {100 * value[name]:.2f}% ({value['substitutions']} sub, {value['deletions']} del, "
-            f"{value['insertions']} ins of {value['reference_length']} {unit}, {value['utterances']} utterances)")
+            f"{value['insertions']} ins of {counted(value['reference_length'], unit)}, "
+            f"{counted(value['utterances'], 'utterance')})")
 
 
 def _length(counts: dict) -> int:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from pathlib import Path
 
 from snakeshard import BaseRunner, InferenceProvider
@@ -87,6 +88,18 @@ class Scoring:
         for key in DCF_DEFAULTS:
             if key in config and (isinstance(config[key], bool) or not isinstance(config[key], (int, float))):
                 raise ConfigError(f"{where}.{key}: a number (default {DCF_DEFAULTS[key]}), got {config[key]!r}")
+        if not 0 < config.get("p_target", DCF_DEFAULTS["p_target"]) < 1:  # p_target 1.5 printed minDCF 1.0, rc 0
+            raise ConfigError(f"{where}.p_target: the prior of a target, between 0 and 1 (exclusive), got "
+                              f"{config['p_target']!r}")
+        for key in ("c_miss", "c_fa"):
+            if config.get(key, 1) <= 0:
+                raise ConfigError(f"{where}.{key}: a cost, above 0, got {config[key]!r}")
+        if "normalize" in config and not any(m in TEXT_METRICS for m in metrics):  # a user trial: [lowercase] left
+            raise ConfigError(f"{where}.normalize: a normalization of wer and cer text, and metrics {metrics} holds "
+                              "neither: class labels are compared as written")     # "b" and "B" two classes, silently
+        if config.get("group_by") is not None and not any(m in ADDITIVE_METRICS for m in metrics):
+            raise ConfigError(f"{where}.group_by: per-group values are computed for {', '.join(ADDITIVE_METRICS)}; "
+                              f"{', '.join(metrics)} are computed over the whole set only")
 
     def describe(self) -> dict:
         """The part recorded in every state file and in metrics.json."""
@@ -129,11 +142,36 @@ def _value(dataset, key: str, field: str, what: str) -> str:
     return value
 
 
+# A field's value as each metric reads it, checked per key: a JSON Lines field may hold any JSON value, and str() of
+# one scored it silently (a user trial: a token list scored as "['the', 'cat']", 1 and 1.0 as two classes).
+
+def _text(key: str, value, what: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise DataError(f"item {key!r}: {what} holds {value!r} (a {type(value).__name__}), not text: wer and cer score "
+                    "strings (a token list: join it with spaces first)")
+
+
+def _label(key: str, value, what: str) -> str:
+    """A class label: a string as written (stripped), a whole JSON number as that integer (1 and 1.0 are one class,
+    as for scikit-learn)."""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer():
+        return str(int(value))
+    raise DataError(f"item {key!r}: {what} holds {value!r}, not a class label: a string, or a whole number")
+
+
 def _number(key: str, value, what: str) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise DataError(f"item {key!r}: {what} {value!r} is not a number") from None
+    """A finite number (a JSON number, or text that reads as one); true/false and NaN are refused, naming the key."""
+    if not isinstance(value, bool):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = math.nan
+        if math.isfinite(number):
+            return number
+    raise DataError(f"item {key!r}: {what} holds {value!r}, not a finite number")
 
 
 class ScoringRunner(BaseRunner):
@@ -152,8 +190,9 @@ class ScoringRunner(BaseRunner):
             hyp = _value(dataset, key, scoring.hypothesis, "hypothesis")
             ref = _value(dataset, key, scoring.reference, "reference")
             result = {"key": key}
+            hyp_is, ref_is = f"hypothesis field {scoring.hypothesis!r}", f"reference field {scoring.reference!r}"
             if scoring.text_metrics:
-                ref_n, hyp_n = scoring.normalize(str(ref)), scoring.normalize(str(hyp))
+                ref_n, hyp_n = scoring.normalize(_text(key, ref, ref_is)), scoring.normalize(_text(key, hyp, hyp_is))
                 result["scores"] = {}
                 for metric in scoring.text_metrics:
                     counts, alignment = utterance_counts(ref_n, hyp_n, "word" if metric == "wer" else "char")
@@ -162,13 +201,15 @@ class ScoringRunner(BaseRunner):
                         result["alignment"] = {"ops": "".join(op for op, _, _ in alignment),
                                                "ref": [r for _, r, _ in alignment], "hyp": [h for _, _, h in alignment]}
             if scoring.pairs:  # checked here, so a bad value fails its shard naming the key
-                if "regression" in scoring.metrics:
-                    _number(key, hyp, "prediction")
-                    _number(key, ref, "target")
-                if scoring.scores:
-                    _number(key, hyp, "score")
-                    binary_label(key, ref)
                 result["prediction"], result["target"] = str(hyp).strip(), str(ref).strip()
+                if "classification" in scoring.metrics:
+                    result["prediction"], result["target"] = _label(key, hyp, hyp_is), _label(key, ref, ref_is)
+                if "regression" in scoring.metrics:
+                    _number(key, hyp, hyp_is)
+                    _number(key, ref, ref_is)
+                if scoring.scores:
+                    _number(key, hyp, hyp_is)
+                    binary_label(key, ref)
             if scoring.group_by:
                 result["group"] = str(_value(dataset, key, scoring.group_by, "group_by"))
             results.append(result)
@@ -228,7 +269,8 @@ class ScoringRunner(BaseRunner):
         record = {"scoring": scoring,
                   "merge_kinds": {m: "additive" if m in ADDITIVE_METRICS else "all-data" for m in scoring["metrics"]},
                   "metrics": metrics, "groups": groups}
-        atomic_write_text(Path(output_dir) / METRICS_JSON, json.dumps(record, indent=1, sort_keys=True) + "\n")
+        atomic_write_text(Path(output_dir) / METRICS_JSON,
+                          json.dumps(_strict(record), indent=1, sort_keys=True, allow_nan=False) + "\n")
         text = metrics_text(record)
         atomic_write_text(Path(output_dir) / METRICS_TXT, text)
         print(text, end="")
@@ -237,6 +279,18 @@ class ScoringRunner(BaseRunner):
     @classmethod
     def report(cls, set_dir: Path, name: str, path: Path) -> None:
         plot_metrics(json.loads((Path(set_dir) / METRICS_JSON).read_text(encoding="utf-8")), Path(set_dir), path)
+
+
+def _strict(value):
+    """``value`` with each non-finite float as None: a metric undefined on this data (R2 of a constant target, AUROC
+    of one class) is null in metrics.json, which strict JSON parsers read (a bare NaN they refuse: a user trial)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strict(v) for v in value]
+    return value
 
 
 def _merged(name: str, states: list[dict]) -> dict:

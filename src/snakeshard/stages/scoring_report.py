@@ -9,8 +9,14 @@ from snakeshard.metrics.text import summary_line
 from snakeshard.stages.scoring_fields import TEXT_METRICS, binary_label, merged_pairs
 
 
-def _number(x) -> str:
-    return "nan" if isinstance(x, float) and math.isnan(x) else f"{x:.4f}"
+def _number(x, digits: int = 4) -> str:
+    """A metric's value as printed; undefined on the data (NaN, or null in metrics.json) says so."""
+    return "undefined" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _percent(x) -> float:
+    """An error rate for a bar: NaN where metrics.json holds null (no reference words)."""
+    return math.nan if x is None else 100 * x
 
 
 def metrics_text(record: dict) -> str:
@@ -122,9 +128,9 @@ def plot_metrics(record: dict, set_dir: Path, path: Path) -> None:
 def _error_rate_panel(ax, name: str, record: dict) -> None:
     groups = record["groups"]
     labels = list(groups) or ["all"]
-    values = [100 * groups[g][name]["value"][name] for g in groups] or [100 * record["metrics"][name]["value"][name]]
+    values = [_percent(groups[g][name]["value"][name]) for g in groups] or [_percent(record["metrics"][name]["value"][name])]
     ax.bar(labels, values, color="#4c72b0")
-    overall = 100 * record["metrics"][name]["value"][name]
+    overall = _percent(record["metrics"][name]["value"][name])
     ax.axhline(overall, color="#c44e52", linestyle="--", label=f"all: {overall:.2f}%")
     ax.set_ylabel(f"{name.upper()} (%)")
     ax.set_title(f"{name.upper()} per {record['scoring']['group_by']}" if groups else name.upper())
@@ -143,7 +149,7 @@ def _confusion_panel(ax, value: dict, record: dict) -> None:
             ax.text(j, i, str(n), ha="center", va="center")
     ax.set_xlabel("prediction")
     ax.set_ylabel("reference")
-    ax.set_title(f"confusion matrix (accuracy {value['accuracy']:.3f})")
+    ax.set_title(f"confusion matrix (accuracy {_number(value['accuracy'])})")
 
 
 def _roc_panel(ax, set_dir: Path, metrics: dict) -> None:
@@ -157,7 +163,7 @@ def _roc_panel(ax, set_dir: Path, metrics: dict) -> None:
     fpr = np.r_[0, np.cumsum(1 - labels[order]) / max((1 - labels).sum(), 1)]
     ax.plot(fpr, tpr, color="#4c72b0")
     ax.plot([0, 1], [0, 1], color="grey", linestyle=":")
-    title = ", ".join(f"{m.upper()} {metrics[m]['value'][m]:.3f}" for m in ("auroc", "eer") if m in metrics)
+    title = ", ".join(f"{m.upper()} {_number(metrics[m]['value'][m])}" for m in ("auroc", "eer") if m in metrics)
     ax.set_title(f"ROC ({title})" if title else "ROC")
     ax.set_xlabel("false alarm rate")
     ax.set_ylabel("hit rate")
@@ -168,4 +174,4 @@ def _scatter_panel(ax, set_dir: Path, value: dict) -> None:
     ax.scatter([float(t) for _, _, t in pairs], [float(p) for _, p, _ in pairs], s=8)
     ax.set_xlabel("target")
     ax.set_ylabel("prediction")
-    ax.set_title(f"regression (R2 {value['r2']:.3f}, Pearson {value['pearson']:.3f})")
+    ax.set_title(f"regression (R2 {_number(value['r2'])}, Pearson {_number(value['pearson'])})")

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from snakeshard.core.data import read_text_lines
+from snakeshard.core.data import read_kaldi_table
 from snakeshard.errors import DataError
 
 
 def read_text_table(path: str) -> dict[str, str]:
+    """A ``key text`` file read as a dataset's Kaldi ``text`` is (space or tab after the key; a blank line or a
+    byte-order mark named): a user trial's tab-separated reference was blamed on the hypothesis file."""
     table = {}
-    for line_no, line in enumerate(read_text_lines(path), 1):
-        key, _, text = line.partition(" ")
+    for key, text, line_no in read_kaldi_table(path):
         if key in table:
             raise DataError(f"{path}:{line_no}: duplicate key {key!r}")
-        table[key] = text.strip()
+        table[key] = text
     return table
 
 
