@@ -575,6 +575,14 @@ def test_regression_equals_numpy_over_all_the_data(mean, spread, moments_rel, pa
     assert got["r2"] == float(1 - squared / sum((t - mean_target) ** 2 for t, _ in exact))
 
 
+def test_class_labels_are_in_natural_order():
+    """Digit runs compare as numbers: "9" before "10" (string order put "10" first: a user trial)."""
+    matrix = ConfusionMatrix()
+    matrix.update(["10", "9", "spk10", "spk2", "b"], ["10", "9", "spk10", "spk2", "a"])
+    assert matrix.labels == ["9", "10", "a", "b", "spk2", "spk10"]
+    assert list(matrix.compute()["per_class"]) == matrix.labels
+
+
 def test_regression_states_are_exact_fractions_and_refuse_other_sums():
     metric = RegressionMetrics()
     metric.update([0.5, 1.25], [0.75, 1.0])

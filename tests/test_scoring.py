@@ -403,6 +403,22 @@ def test_whole_numbers_are_one_class_and_an_undefined_metric_is_null(tmp_path):
     assert "Pearson undefined, R2 undefined (4 items)" in (wd / "results/score/scored/metrics.txt").read_text()
 
 
+def test_regression_per_group_is_printed_and_small_values_keep_their_digits(tmp_path):
+    """metrics.txt prints regression per group (it was in metrics.json only), and an MSE of 1e-8 in 4 significant
+    digits (it printed 0.0000); a JSON null value is named as null, not as a missing field (user trial 12)."""
+    records = [{"key": f"k{i}", "spk": f"s{i % 2}", "ref": float(i), "hyp": i + 1e-4} for i in range(6)]
+    wd = scoring_project(tmp_path / "reg", records, {"metrics": ["regression"], "group_by": "spk"})
+    assert run_snakemake(wd).returncode == 0
+    text = (wd / "results/score/scored/metrics.txt").read_text()
+    assert text.startswith("MSE 1.000e-08, RMSE 1.000e-04, MAE 1.000e-04, Pearson 1.0000, R2 1.0000 (6 items)"), text
+    assert "regression per spk:" in text and "\ns1            3  1.000e-08  1.000e-04     1.0000\n" in text, text
+    records[2]["hyp"] = None
+    wd = scoring_project(tmp_path / "null", records, {"metrics": ["regression"]})
+    assert run_snakemake(wd, "--config", "canary=0").returncode != 0
+    assert "item 'k2': its hypothesis field 'hyp' is null (stages.score.provider_config.hypothesis)" in (
+        wd / "results/score/scored/logs/split.1.log").read_text()
+
+
 def test_normalization_must_be_explicit_for_wer():
     from snakeshard.errors import ConfigError
     from snakeshard.stages.scoring import Scoring

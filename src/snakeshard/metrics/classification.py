@@ -27,7 +27,7 @@ class ConfusionMatrix(Metric):
 
     @property
     def labels(self) -> list[str]:
-        return sorted({label for pair in self.counts for label in pair})
+        return sorted({label for pair in self.counts for label in pair}, key=_natural)
 
     def matrix(self) -> list[list[int]]:
         """Rows: reference label, columns: predicted label, both in ``labels`` order."""
@@ -70,3 +70,10 @@ class ConfusionMatrix(Metric):
             out[f"{what}_micro"] = accuracy  # single-label: every error is one false positive and one false negative
         out["per_class"] = per_class
         return out
+
+
+def _natural(label: str) -> list:
+    """Labels in natural order: digit runs compare as numbers ("9" before "10", "spk2" before "spk10")."""
+    import re
+
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", label) if part]

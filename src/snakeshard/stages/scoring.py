@@ -133,7 +133,10 @@ def _value(dataset, key: str, field: str, what: str) -> str:
     """The hypothesis (an upstream field over a chained dataset, else a dataset field) or the reference."""
     if what == "hypothesis" and isinstance(dataset, StageOutputDataset):
         return dataset.load_field(key, field)
-    value = dataset[key].get(field)
+    record = dataset[key]
+    value = record.get(field)
+    if value is None and field in record:  # JSON null (a user trial: said "no field")
+        raise DataError(f"item {key!r}: its {what} field {field!r} is null ({WHERE}.{what})")
     if value is None:
         # a chained dataset's records are its source dataset's: name that file (a trial: it said "the source dataset")
         place = source_spec(dataset.spec).get("path", "the source dataset")

@@ -10,8 +10,11 @@ from snakeshard.stages.scoring_fields import TEXT_METRICS, binary_label, merged_
 
 
 def _number(x, digits: int = 4) -> str:
-    """A metric's value as printed; undefined on the data (NaN, or null in metrics.json) says so."""
-    return "undefined" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+    """A metric's value as printed; undefined on the data (NaN, or null in metrics.json) says so; a value too small
+    for ``digits`` decimals in 4 significant digits (an MSE of 1.2e-8 printed as 0.0000: a user trial)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "undefined"
+    return f"{x:.3e}" if x and abs(x) < 10 ** -(digits - 1) else f"{x:.{digits}f}"
 
 
 def _percent(x) -> float:
@@ -52,6 +55,8 @@ def metrics_text(record: dict) -> str:
         lines += ["", *_per_class_table(metrics["classification"]["value"]["per_class"])]
         if record["groups"]:
             lines += ["", *_accuracy_per_group(scoring["group_by"], record["groups"], metrics["classification"]["value"])]
+    if "regression" in metrics and record["groups"]:
+        lines += ["", *_regression_per_group(scoring["group_by"], record["groups"], metrics["regression"]["value"])]
     lines.append("")
     return "\n".join(lines)
 
@@ -80,6 +85,18 @@ def _accuracy_per_group(by: str, groups: dict, total: dict) -> list[str]:
     rows = [f"accuracy per {by}:", head, "-" * len(head)]
     values = [(g, groups[g]["classification"]["value"]) for g in groups] + [("all", total)]
     rows += [f"{g:<{width}} {v['items']:>6} {v['accuracy']:>9.4f} {v['f1_macro']:>9.4f}" for g, v in values]
+    rows.insert(-1, "-" * len(head))
+    return rows
+
+
+def _regression_per_group(by: str, groups: dict, total: dict) -> list[str]:
+    """MSE, MAE and R2 per group, and over all."""
+    width = max(8, *(len(g) for g in groups))
+    head = f"{by:<{width}} {'items':>6} {'MSE':>10} {'MAE':>10} {'R2':>10}"
+    rows = [f"regression per {by}:", head, "-" * len(head)]
+    values = [(g, groups[g]["regression"]["value"]) for g in groups] + [("all", total)]
+    rows += [f"{g:<{width}} {v['items']:>6} {_number(v['mse']):>10} {_number(v['mae']):>10} {_number(v['r2']):>10}"
+             for g, v in values]
     rows.insert(-1, "-" * len(head))
     return rows
 
