@@ -254,11 +254,15 @@ def test_batch_size_forward_receives_lists(tmp_path):
     assert done["items"] == 7
 
 
-def test_batch_size_constructor_argument_overrides_class(tmp_path):
-    """BatchRecorder (class batch_size 3) built with batch_size=2: forward gets pairs."""
+def test_batch_size_constructor_argument_overrides_class(tmp_path, capsys):
+    """BatchRecorder (class batch_size 3) built with batch_size=2: forward gets pairs. In-process, the batch plan's
+    line is printed only with progress on (a notebook's every call printed it: a user trial)."""
     seen = []
     BatchRecorder(DictProvider({"seen": seen}), output_dir=tmp_path, batch_size=2)(KEYS[:5])
     assert seen == [["k0", "k1"], ["k2", "k3"], ["k4"]]
+    assert capsys.readouterr().err == ""
+    BatchRecorder(DictProvider({"seen": []}), output_dir=tmp_path / "p", batch_size=2, progress=True)(KEYS[:5])
+    assert "shard 0: 5 items in 3 batches (batch_size 2)" in capsys.readouterr().err
 
 
 def test_batch_wrong_length_return_names_the_batch(tmp_path):

@@ -146,9 +146,10 @@ def _durable_state_files(shard_dir: str, names: list[str]) -> dict:
     return record
 
 
-def _plan_batches(runner_cls, env, keys, batch_size, batch_seconds, sort_by_length, where):
-    """The shard's batches (index lists, see batch.plan_batches), or None without batching.
-    Prints how much of the batched length is padding, the figure that says whether sorting pays."""
+def _plan_batches(runner_cls, env, keys, batch_size, batch_seconds, sort_by_length, where, say: bool):
+    """The shard's batches (index lists, see batch.plan_batches), or None without batching. ``say``: print how much
+    of the batched length is padding, the figure that says whether sorting pays (in a job's log; in-process only
+    with progress on: a notebook's every runner(keys) printed it, a user trial)."""
     if not (batch_size or batch_seconds):
         return None
     from snakeshard.io.batch import padding_ratio, plan_batches
@@ -163,8 +164,9 @@ def _plan_batches(runner_cls, env, keys, batch_size, batch_seconds, sort_by_leng
     # lengths are known (and padding can be told) only when batching by seconds or sorting
     padding = (f"; padding {100 * padding_ratio(lengths, batches):.1f}% of the batched length"
                if batch_seconds or sort_by_length else "")
-    print(f"{where}: {len(keys)} items in {len(batches)} batches ({how}"
-          f"{', sorted by length' if sort_by_length else ''}){padding}", file=sys.stderr)
+    if say:
+        print(f"{where}: {len(keys)} items in {len(batches)} batches ({how}"
+              f"{', sorted by length' if sort_by_length else ''}){padding}", file=sys.stderr)
     return batches
 
 
@@ -223,7 +225,8 @@ def _run_shard(runner_cls, env: dict, kwargs: dict, keys: list[str], shard_dir: 
 
     state = runner_cls.init_state(**env)
     writers = None if collect else runner_cls.open_writers(hook_dir, **env)
-    batches = _plan_batches(runner_cls, env, keys, batch_size, batch_seconds, sort_by_length, where)
+    batches = _plan_batches(runner_cls, env, keys, batch_size, batch_seconds, sort_by_length, where,
+                            say=progress or log_path is not None)
     if isinstance(writers, FieldWriters):
         writers.allow_nonfinite = frozenset(allow_nonfinite)
         writers.outputs = {**writers.outputs, **(outputs or {})}  # a runner's open_writers may preset formats
