@@ -9,6 +9,8 @@ references, as scikit-learn does.
 
 from __future__ import annotations
 
+import re
+
 from snakeshard.metrics.state import Metric, check_states, ratio
 
 
@@ -74,6 +76,4 @@ class ConfusionMatrix(Metric):
 
 def _natural(label: str) -> list:
     """Labels in natural order: digit runs compare as numbers ("9" before "10", "spk2" before "spk10")."""
-    import re
-
     return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", label) if part]

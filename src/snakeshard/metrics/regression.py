@@ -74,7 +74,8 @@ class RegressionMetrics(Metric):
                           for name in SUMS}
             except (KeyError, ValueError, TypeError, ZeroDivisionError):
                 scaled = None
-            if scaled is None or any(value.denominator != 1 for value in scaled.values()):
+            if (scaled is None or any(value.denominator != 1 for value in scaled.values())
+                    or not isinstance(state.get("count"), int)):
                 raise MetricStateError(f"RegressionMetrics.merge: state {n} does not hold exact sums of float64 "
                                        f"values ({', '.join(SUMS)}): a state of another version or made by hand")
             merged.count += state["count"]
@@ -95,7 +96,7 @@ class RegressionMetrics(Metric):
         mse = float(squared_error / n)
         pearson = math.nan
         if target_spread and prediction_spread:
-            pearson = math.copysign(math.sqrt(float(comoment ** 2 / (target_spread * prediction_spread))),
-                                    float(comoment)) if comoment else 0.0
+            sign = 1 if comoment > 0 else -1 if comoment < 0 else 0  # of the exact value: a float of it may underflow
+            pearson = sign * math.sqrt(float(comoment ** 2 / (target_spread * prediction_spread)))
         return {"mse": mse, "rmse": math.sqrt(mse), "mae": float(s["sum_abs_error"] / n), "pearson": pearson,
                 "r2": float(1 - squared_error / target_spread) if target_spread else math.nan, "items": n}
