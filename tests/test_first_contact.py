@@ -189,6 +189,8 @@ def test_a_runner_over_a_chained_dataset_runs_in_process_with_the_dataset_as_the
     with pytest.raises(DataError, match=r"results/upper/dev: no spec.json there: stage 'upper' over dataset 'dev' "
                                         r"has not been planned under output_dir 'results'"):
         load_dataset({"from_stage": "upper", "dataset": "dev"})
+    with pytest.raises(DataError, match=r"name the dataset of stage 'upper' it reads \('dataset': \.\.\.\)"):
+        load_dataset({"from_stage": "upper"})
     with pytest.raises(DataError, match=r"names no data: give \{'path': <Kaldi dir or JSON Lines file>\}, or a "
                                         r"chained dataset \{'from_stage'"):
         load_dataset({"format": "kaldi"})

@@ -297,8 +297,9 @@ def test_a_canary_that_fails_in_a_worker_is_one_line_and_status_shows_it(tmp_pat
     assert error and error[0].endswith("NetRunner.forward() missing 1 required positional argument: 'net'"), error
     status = run_cli(wd, "status").stdout
     assert re.search(r"  canary: failed \(log results/upper/logs/canary.log\): snakeshard: error: canary of stage "
-                     r"'upper' failed, .* worker \d \(cpu\) failed on item 'utt00[01]': producer_work raised: TypeError: "
-                     r"NetRunner.forward\(\) missing 1 required positional argument: 'net'\n", status), status
+                     r"'upper' failed, .* worker \d \(cpu\) failed on item 'utt00[01]': producer_work raised: "
+                     r"TypeError: NetRunner.forward\(\) missing 1 required positional argument: 'net'\n",
+                     status), status
 
 
 def test_item_timeout_fails_the_job_naming_the_key(tmp_path):

@@ -682,7 +682,7 @@ def chained_spec(spec: dict) -> dict:
     """The spec of a chained dataset written as in the config (``from_stage``, ``dataset``, ``output_dir``), as a
     shard job gets it: the upstream set's dir, and its own dataset, read from the ``spec.json`` that the last
     snakemake parse wrote there (a user trial found no way to run a chained stage's runner in-process)."""
-    from snakeshard.core.shard_files import read_spec
+    from snakeshard.core.shard_files import SET_SPEC, read_spec
 
     if "dataset" not in spec:
         raise DataError(f"chained dataset spec {spec!r}: name the dataset of stage {spec['from_stage']!r} it reads "
@@ -690,7 +690,7 @@ def chained_spec(spec: dict) -> dict:
     out = spec.get("output_dir", "results")
     set_dir = os.path.join(out, spec["from_stage"], spec["dataset"])
     try:
-        upstream = read_spec(os.path.join(set_dir, "spec.json"))
+        upstream = read_spec(os.path.join(set_dir, SET_SPEC))
     except FileNotFoundError:
         raise DataError(f"{set_dir}: no spec.json there: stage {spec['from_stage']!r} over dataset {spec['dataset']!r} "
                         f"has not been planned under output_dir {out!r} (run snakemake -n in the project, or give "

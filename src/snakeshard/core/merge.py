@@ -24,7 +24,8 @@ from pathlib import Path
 from snakeshard.core.hooks import runner_name
 from snakeshard.core.merged_files import merged_record
 from snakeshard.core.set_summary import write_set_summary
-from snakeshard.core.shard_files import FINGERPRINTS_FILE, read_fingerprints, read_shard_keys, shard_job_files
+from snakeshard.core.shard_files import (FINGERPRINTS_FILE, SET_SPEC, read_fingerprints, read_shard_keys, read_spec,
+                                         shard_job_files)
 from snakeshard.errors import MAX_LISTED, MergeError, SnakeshardError
 from snakeshard.io.atomic import atomic_write_bytes, atomic_write_json, remove_temps_of
 
@@ -70,7 +71,7 @@ def rerun_command(done_path) -> str:
     done_path = Path(done_path)
     set_dir = done_path.parent.parent
     try:
-        spec = json.loads((set_dir / "spec.json").read_text())
+        spec = read_spec(set_dir / SET_SPEC)
         k, grouped = spec.get("shards_per_job", 1), spec.get("grouped", False)
         num_shards = json.loads((set_dir / "plan.json").read_text())["num_shards"]
     except (OSError, ValueError, KeyError):

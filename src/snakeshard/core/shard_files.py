@@ -14,6 +14,7 @@ SHARD_ITEMS = "items.json"  # the shard's slice of the dataset: what load_datase
 # Snakemake's mtime trigger reruns a stale shard (workflow/parse.py write_shard_fingerprint). A dot file: no field
 # name can take it.
 SHARD_FINGERPRINT = ".fingerprint"
+SET_SPEC = "spec.json"  # in a set's dir, from each parse: what its shard jobs run (workflow.parse.run_spec)
 CANARY_SPEC = ".spec.json"  # beside a canary's dir (<dir>.spec.json): the spec of a canary over a chained dataset
 FINGERPRINTS_FILE = "fingerprints.json"  # beside plan.json, from each parse: what readers of merged output check
 MERGE_LOG = "logs/merge.log"  # in a set's dir: the merge rule's log (merge.smk), which `snakeshard status` reads

@@ -145,9 +145,9 @@ def plot_metrics(record: dict, set_dir: Path, path: Path) -> None:
 def _error_rate_panel(ax, name: str, record: dict) -> None:
     groups = record["groups"]
     labels = list(groups) or ["all"]
-    values = [_percent(groups[g][name]["value"][name]) for g in groups] or [_percent(record["metrics"][name]["value"][name])]
-    ax.bar(labels, values, color="#4c72b0")
     overall = _percent(record["metrics"][name]["value"][name])
+    values = [_percent(groups[g][name]["value"][name]) for g in groups] or [overall]
+    ax.bar(labels, values, color="#4c72b0")
     ax.axhline(overall, color="#c44e52", linestyle="--", label=f"all: {overall:.2f}%")
     ax.set_ylabel(f"{name.upper()} (%)")
     ax.set_title(f"{name.upper()} per {record['scoring']['group_by']}" if groups else name.upper())

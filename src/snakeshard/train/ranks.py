@@ -187,7 +187,8 @@ def _failed(stage: str, failures: dict, run_dir: Path, ranks: int, latest: Path)
         return INTERRUPTED
     # The launcher stops the other ranks with SIGTERM, and under load its poll can see one of them gone too (a suite
     # run named rank 0's SIGTERM for a kill -9 of rank 1): a rank dead of another cause comes first.
-    silent = sorted((r for r in failed if r not in statuses), key=lambda r: (failures[r].exitcode == -signal.SIGTERM, r))
+    silent = sorted((r for r in failed if r not in statuses),
+                    key=lambda r: (failures[r].exitcode == -signal.SIGTERM, r))
     own = [r for r in failed if r in statuses and not statuses[r].get("follows")] or failed
     root = silent[0] if silent else min(own, key=lambda r: (statuses[r].get("time", 0), r))
     failure = failures[root]

@@ -20,8 +20,8 @@ from snakeshard.core.fingerprint import (UPSTREAM_PLAN, audio_identity, inputs_d
 from snakeshard.core.merge import UnreadableDone, read_done
 from snakeshard.core.plan import (AUTO, DEFAULT_SHARDING, ensure_plan, overlapping_shards, read_audio_files,
                                   sharding_mode, shards_per_job)
-from snakeshard.core.shard_files import (CANARY_SPEC, FINGERPRINTS_FILE, KEYS_FILE, SHARD_FINGERPRINT, SHARD_ITEMS,
-                                         read_fingerprints, read_shard_keys, shard_job_files)
+from snakeshard.core.shard_files import (CANARY_SPEC, FINGERPRINTS_FILE, KEYS_FILE, SET_SPEC, SHARD_FINGERPRINT,
+                                         SHARD_ITEMS, read_fingerprints, read_shard_keys, shard_job_files)
 from snakeshard.core.user_source import (builtin_config_check, check_import_path, check_module_imports,
                                          check_runner_source, provider_config_keys, provider_merge_options,
                                          runner_default_sharding, source_digest)
@@ -589,7 +589,7 @@ class Workflow:
             # stage_fingerprint: what the jobs check the spec against (job.check_spec_current)
             spec.update(shards_per_job=self.jobs_k[stage, ds], grouped=self.grouped(stage),
                         stage_fingerprint=self.stage_fps[stage, ds])
-            write_if_changed(Path(set_dir(self.config, stage, ds)) / "spec.json",
+            write_if_changed(Path(set_dir(self.config, stage, ds)) / SET_SPEC,
                              json.dumps(spec, indent=1, sort_keys=True) + "\n")
 
     def _upstream_digests(self, stage: str, ds: str) -> list[str]:
@@ -684,7 +684,7 @@ class Workflow:
         stage_fp = self.stage_fps[stage, ds]
         where = f"{CANARY_DIR}.{ds}" if feeder else CANARY_DIR  # a canary job removes other fingerprints' dirs there
         canary_dir = f"{self.out}/{stage}/{where}/{stage_fp}"
-        canary = {"stage": stage, "dir": canary_dir, "spec": f"{base}/spec.json",
+        canary = {"stage": stage, "dir": canary_dir, "spec": f"{base}/{SET_SPEC}",
                   "items_file": f"{base}/split.0/{SHARD_ITEMS}", "dataset": self.specs[stage, ds]["dataset"],
                   "fingerprint": stage_fp,
                   "log": f"{self.out}/{stage}/logs/canary{'.' + ds if feeder else ''}.log", "upstream": [],

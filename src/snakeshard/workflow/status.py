@@ -202,28 +202,24 @@ def upstream_newer(wf, stage: str, ds: str, n: int) -> str | None:
     output = wf.shard_job_files(stage, ds, n)[1]
     if not wf.waits_upstream(stage) or not output.endswith(f"split.{n}/done"):
         return None
-    try:
-        made = os.stat(output).st_mtime_ns
-    except OSError:
-        return None
-    for path in wf.shard_upstream(stage, ds, range(n, n + 1)):
-        try:
-            if os.stat(path).st_mtime_ns > made:
-                return path
-        except OSError:
-            continue
-    return None
+    return first_newer(wf.shard_upstream(stage, ds, range(n, n + 1)), output)
 
 
 def newer_than_merge(set_dir: Path, job_outputs: list[str]) -> str | None:
     """The first of a set's shard job outputs (the merge rule's inputs) modified after its merged.json, or None."""
+    return first_newer(job_outputs, set_dir / "merged.json")
+
+
+def first_newer(inputs, output) -> str | None:
+    """The first of ``inputs`` modified after ``output`` (Snakemake's trigger to rerun the job that makes it), or None;
+    a missing file is no trigger here (a missing output or input is another state, said elsewhere)."""
     try:
-        merged = (set_dir / "merged.json").stat().st_mtime_ns
+        made = os.stat(output).st_mtime_ns
     except OSError:
         return None
-    for path in job_outputs:
+    for path in inputs:
         try:
-            if os.stat(path).st_mtime_ns > merged:
+            if os.stat(path).st_mtime_ns > made:
                 return path
         except OSError:
             continue
