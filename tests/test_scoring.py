@@ -448,6 +448,27 @@ def test_snakeshard_wer_names_a_key_on_one_side_only(tmp_path):
         assert run.returncode == 1 and error in run.stderr, run.stderr
 
 
+def test_snakeshard_wer_with_cer_equals_jiwer_and_states_the_normalization(tmp_path):
+    """`--cer` adds the character error rate on a second line; each line says how the text was normalized (a
+    user trial set this command's figure beside jiwer's and could not tell which normalization each used)."""
+    refs = {"a": "Ten of clubs", "b": "the amiable himself", "c": "queen"}
+    hyps = {"a": "ten of club", "b": "he amiable", "c": "Queen hearts"}
+    (tmp_path / "ref").write_text("".join(f"{k} {t}\n" for k, t in refs.items()))
+    (tmp_path / "hyp").write_text("".join(f"{k} {t}\n" for k, t in hyps.items()))
+    run = run_cli(tmp_path, "wer", "--hyp", "hyp", "--ref", "ref", "--cer", "--normalize", "lowercase", "--out", "w")
+    assert run.returncode == 0, run.stderr
+    wer_line, cer_line = run.stdout.splitlines()
+    lower = [t.lower() for t in refs.values()], [t.lower() for t in hyps.values()]
+    words, chars = jiwer.process_words(*lower), jiwer.process_characters(*lower)
+    assert wer_line == (f"WER {100 * words.wer:.2f}% ({words.substitutions} sub, {words.deletions} del, "
+                        f"{words.insertions} ins of 7 words, 3 utterances) normalize=lowercase hyp=hyp ref=ref")
+    assert cer_line.startswith(f"CER {100 * chars.cer:.2f}% ({chars.substitutions} sub, {chars.deletions} del, "
+                               f"{chars.insertions} ins of ") and cer_line.endswith(" normalize=lowercase hyp=hyp ref=ref")
+    assert (tmp_path / "w").read_text() == run.stdout
+    plain = run_cli(tmp_path, "wer", "--hyp", "hyp", "--ref", "ref")
+    assert plain.returncode == 0 and plain.stdout.count("\n") == 1 and " normalize=none hyp=hyp" in plain.stdout
+
+
 def test_the_report_rule_refuses_a_stale_merge(scored):
     """`snakeshard report` (the report rule's command) draws only from the merge of the current plan."""
     wd, _ = scored

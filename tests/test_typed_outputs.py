@@ -157,6 +157,8 @@ def test_every_type_round_trips_bit_exact_from_any_directory(tmp_path, monkeypat
     assert chained.load_field("utt005", "tokens") == "x y utt005"
     assert np.array_equal(chained.load_array("utt005", "cube"), expected["utt005"]["cube"])
     assert np.array_equal(chained.load_array("utt005", "feats"), expected["utt005"]["feats"])
+    # writable, as torch.from_numpy wants them (kaldiio's read-only view made torch warn in a user trial)
+    assert chained.load_array("utt005", "cube").flags.writeable and chained.load_array("utt005", "feats").flags.writeable
     assert np.array_equal(chained.load_audio("utt005", "hires", dtype="int32")[0], expected["utt005"]["hires"].samples)
     assert np.array_equal(chained.load_audio("utt005", dtype="int16")[0], expected["utt005"]["wav"].samples)
     from snakeshard.errors import DataError

@@ -148,7 +148,7 @@ def current_inputs(config_paths: list[str], set_dir: Path) -> str | None:
 
 def cmd_wer(args) -> int:
     from snakeshard.core.merge import require_current
-    from snakeshard.stages.wer import word_error_rate
+    from snakeshard.stages.wer import error_rates
     from snakeshard.core.shard_files import read_fingerprints
 
     set_dir = Path(args.hyp).parent
@@ -156,7 +156,11 @@ def cmd_wer(args) -> int:
     if fingerprints is not None:  # a snakeshard set: read only a current merge (not one a failed rerun left)
         require_current(set_dir, current_inputs(args.config, set_dir) or fingerprints["inputs"])
     normalize = [n for n in (args.normalize or "").split(",") if n]
-    text = f"{word_error_rate(args.ref, args.hyp, normalize).summary()} hyp={args.hyp} ref={args.ref}"
+    # the normalization is on every line: two WERs of the same files differ by it (a user trial compared
+    # this command's figure with jiwer's, each normalized its own way)
+    said = f"normalize={','.join(normalize) or 'none'} hyp={args.hyp} ref={args.ref}"
+    metrics = error_rates(args.ref, args.hyp, normalize, ("word", "char") if args.cer else ("word",))
+    text = "\n".join(f"{metric.summary()} {said}" for metric in metrics)
     print(text)
     if args.out:
         from snakeshard.io.atomic import atomic_write_text
@@ -309,13 +313,16 @@ def build_parser():
     with_config(sp)
     sp.set_defaults(func=cmd_status)
 
-    sp = sub.add_parser("wer", help="word error rate of a hypothesis text file against a reference (jiwer)")
+    sp = sub.add_parser("wer", help="word (--cer: and character) error rate of a hypothesis text file against a "
+                                    "reference (jiwer)")
     sp.add_argument("--hyp", required=True, help="hypotheses: a 'key text' file (e.g. a merged results/asr/demo/text; "
                                                  "a snakeshard set's is read only when its merge is current)")
     sp.add_argument("--ref", required=True, help="references: a 'key text' file with the same keys (e.g. data/demo/text)")
     sp.add_argument("--normalize", help="jiwer transforms for both sides, comma-separated (e.g. lowercase,"
                                         "remove_punctuation); default: none, the text as written")
-    sp.add_argument("--out", help="also write the printed line to this file (default: print only)")
+    sp.add_argument("--cer", action="store_true", help="also the character error rate, on a second line (as the "
+                                                       "scoring stage's metrics.txt: spaces count as characters)")
+    sp.add_argument("--out", help="also write the printed lines to this file (default: print only)")
     with_config(sp)  # the project whose set --hyp is: its merge must be current under the data and config as they are
     sp.set_defaults(func=cmd_wer)
 

@@ -1,4 +1,4 @@
-"""``snakeshard wer``: the word error rate of a Kaldi-style ``key text`` hypothesis file against a reference."""
+"""``snakeshard wer``: the word (and character) error rate of a Kaldi-style ``key text`` hypothesis file against a reference."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ def read_text_table(path: str) -> dict[str, str]:
     return table
 
 
-def word_error_rate(ref_path: str, hyp_path: str, normalize=()):
-    """A ``WordErrorRate`` over the keys of ``ref_path``; every reference key needs a hypothesis and
-    every hypothesis a reference (a key on one side only is an error naming it, never skipped)."""
-    from snakeshard.metrics import WordErrorRate
+def error_rates(ref_path: str, hyp_path: str, normalize=(), units=("word",)):
+    """An ``ErrorRate`` per unit (``word``: WER, ``char``: CER) over the keys of ``ref_path``; every reference
+    key needs a hypothesis and every hypothesis a reference (a key on one side only is an error naming it,
+    never skipped)."""
+    from snakeshard.metrics import CharacterErrorRate, WordErrorRate
 
     ref, hyp = read_text_table(ref_path), read_text_table(hyp_path)
     for keys, path, other in ((ref, hyp_path, hyp), (hyp, ref_path, ref)):
@@ -28,6 +29,7 @@ def word_error_rate(ref_path: str, hyp_path: str, normalize=()):
         if missing:
             raise DataError(f"{path}: no line for key {missing[0]!r}" +
                             (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    metric = WordErrorRate(normalize)
-    metric.update([ref[k] for k in ref], [hyp[k] for k in ref])
-    return metric
+    metrics = [{"word": WordErrorRate, "char": CharacterErrorRate}[unit](normalize) for unit in units]
+    for metric in metrics:
+        metric.update([ref[k] for k in ref], [hyp[k] for k in ref])
+    return metrics
