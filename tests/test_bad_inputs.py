@@ -78,6 +78,10 @@ DATA_CASES = [
      ["1 audio file(s) not found", "key 'utt040'", "data/toy/missing.wav", "data/toy/wav.scp:41"]),
     ("duplicate-key", lambda wd: append_line(wd, f"utt007 {WAV}"),
      ["duplicate key(s)", "'utt007'", "data/toy/wav.scp:41", "first at data/toy/wav.scp:8"]),
+    # a repeated key in a table beside the key file took its last line silently (a Kaldi user's trial: WER moved)
+    ("duplicate-key-in-text", lambda wd: (wd / "data/toy/text").write_text(
+        "".join(f"utt{n:03d} words\n" for n in range(40)) + "utt007 other words\n"),
+     ["duplicate key(s)", "'utt007'", "data/toy/text:41", "first at data/toy/text:8"]),
     ("kaldi-key-with-space", lambda wd: append_line(wd, "utt 1 data/x.wav"),
      ["data/toy/wav.scp:41", "'utt 1 data/x.wav'", "keys and paths must be free of whitespace"]),
     ("jsonl-key-with-space", lambda wd: use_jsonl(wd, ["a", "b", "a b", "c"]),

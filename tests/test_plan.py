@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import PROJECT
+
 from snakeshard.core.data import Item
 from snakeshard.core.fingerprint import keys_digest
 from snakeshard.core.manifest import ItemsManifest
@@ -466,3 +468,25 @@ def test_overlapping_shards_are_the_upstream_shards_holding_each_shards_keys():
         assert overlapping_shards(plan_of(up), plan_of(down)) == expected, (up, down)
     # not the same keys (should not happen): every shard depends on all of upstream
     assert overlapping_shards(plan_of([2, 2]), plan_of([3])) == [[0, 1]]
+
+
+@pytest.mark.parametrize("table", ["wav.scp", "utt2dur", "text", "utt2spk"])
+def test_a_key_repeated_in_any_kaldi_table_is_refused_naming_both_lines(tmp_path, table):
+    """Kaldi's validate_data_dir.sh refuses a repeated key in any table; snakeshard took the last line of wav.scp
+    (with segments: another recording cut), utt2dur, text (another WER) and utt2spk (another speaker) silently."""
+    from snakeshard.core.data import read_items
+    from snakeshard.errors import DataError
+
+    wav = PROJECT / "data/demo/wav/cards-001.wav"
+    d = tmp_path / "d"
+    d.mkdir()
+    segmented = table == "wav.scp"
+    (d / "wav.scp").write_text("".join(f"r{n} {wav}\n" for n in range(3)) + (f"r1 {wav}\n" if segmented else ""))
+    if segmented:
+        (d / "segments").write_text("".join(f"r{n}-u r{n} 0 0.5\n" for n in range(3)))
+    else:
+        lines = {"utt2dur": "{} 1.0", "text": "{} some words", "utt2spk": "{} spk"}[table]
+        (d / table).write_text("".join(lines.format(f"r{n}") + "\n" for n in range(3)) + lines.format("r1") + "\n")
+    with pytest.raises(DataError) as error:
+        read_items({"path": str(d)})
+    assert str(error.value) == f"1 duplicate key(s): 'r1' ({d / table}:4, first at {d / table}:2)"

@@ -141,6 +141,22 @@ def duration_seconds(value, where: str, what: str) -> float:
     return seconds
 
 
+def unique_kaldi_table(path: Path):
+    """``read_kaldi_table`` with each key once: a key on a second line is refused, naming both lines, as Kaldi's
+    validate_data_dir.sh refuses it (a trial's wav.scp, text and utt2spk each took a repeated key's last line
+    silently: another recording cut, another speaker, another WER)."""
+    first_at: dict[str, int] = {}
+    dupes = []
+    for key, value, line_no in read_kaldi_table(path):
+        if key in first_at:
+            dupes.append(f"{key!r} ({path}:{line_no}, first at {path}:{first_at[key]})")
+            continue
+        first_at[key] = line_no
+        yield key, value, line_no
+    if dupes:
+        raise duplicate_keys_error(dupes)
+
+
 def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = None) -> list[Item]:
     wav_scp = path / "wav.scp"
     if not wav_scp.is_file():
@@ -148,7 +164,7 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
         raise DataError(f"{path}: not a Kaldi data dir (no wav.scp){hint}")
     wavs = {}
     items = []
-    for key, value, line_no in read_kaldi_table(wav_scp):
+    for key, value, line_no in unique_kaldi_table(wav_scp):
         if not value:
             raise DataError(f"{wav_scp}:{line_no}: key {key!r} has no audio path")
         if not is_pipe(value) and len(value.split()) > 1:
@@ -185,7 +201,7 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
     utt2dur = path / "utt2dur"
     if utt2dur.is_file() and not segments.is_file():
         durations = {k: duration_seconds(v, f"{utt2dur}:{n}", f"duration of {k!r}")
-                     for k, v, n in read_kaldi_table(utt2dur)}
+                     for k, v, n in unique_kaldi_table(utt2dur)}
         for item in items:
             item.seconds = durations.get(item.key)
 
@@ -193,7 +209,7 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
     for name, attr in (("text", "text"), ("utt2spk", "spk")):
         if (path / name).is_file():
             strays, stray_count = [], 0  # the first few named, all counted
-            for key, value, line_no in read_kaldi_table(path / name):
+            for key, value, line_no in unique_kaldi_table(path / name):
                 item = by_key.get(key)
                 if item is not None:
                     item.fields[attr] = value

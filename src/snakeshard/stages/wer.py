@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from snakeshard.core.data import read_kaldi_table
+from snakeshard.core.data import unique_kaldi_table
 from snakeshard.errors import DataError
 
 
 def read_text_table(path: str) -> dict[str, str]:
-    """A ``key text`` file read as a dataset's Kaldi ``text`` is (space or tab after the key; a blank line or a
-    byte-order mark named): a user trial's tab-separated reference was blamed on the hypothesis file."""
-    table = {}
-    for key, text, line_no in read_kaldi_table(path):
-        if key in table:
-            raise DataError(f"{path}:{line_no}: duplicate key {key!r}")
-        table[key] = text
-    return table
+    """A ``key text`` file read as a dataset's Kaldi ``text`` is (space or tab after the key; a blank line, a
+    byte-order mark or a repeated key named): a user trial's tab-separated reference was blamed on the hypothesis
+    file."""
+    return {key: text for key, text, _ in unique_kaldi_table(path)}
 
 
 def error_rates(ref_path: str, hyp_path: str, normalize=(), units=("word",)):
