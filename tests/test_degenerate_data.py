@@ -383,3 +383,38 @@ def test_mixed_str_and_float_field_still_writes_in_bulk(tmp_path):
 
     run_shard(Runner, {}, [f"k{i}" for i in range(8)], tmp_path / "s", progress=False)
     assert (tmp_path / "s/x").read_text().splitlines()[3] == "k3 n/a"
+
+
+@pytest.mark.parametrize("fmt", ["WAV", "FLAC"])
+def test_segments_read_alone_and_a_pipe_runs_once_per_recording(tmp_path, fmt):
+    """Segments of a file are read alone (a seek), of a pipe from one run of it for all segments of its recording
+    (a Kaldi user's trial: a pipe run per segment took 189 s against 4.4 s for the same recording as a file). Both
+    give the samples of the whole recording cut, as before, in plan order and in an interleaved order (a batch
+    sorted by length), and what a caller writes into one segment's samples does not reach the next."""
+    from snakeshard import load_dataset
+
+    rng = np.random.default_rng(3)
+    recordings = {f"r{n}": (rng.standard_normal((16000 * 5, 2 if n == 2 else 1)) * 0.1).squeeze() for n in range(3)}
+    count = tmp_path / "runs"
+    d = tmp_path / "d"
+    d.mkdir()
+    scp, segments = [], []
+    for name, samples in recordings.items():
+        path = tmp_path / f"{name}.{fmt.lower()}"
+        sf.write(path, samples, 16000, format=fmt, subtype="PCM_16")
+        # r0 and r2 behind a pipe that counts its runs; r1 a plain file
+        scp.append(f"{name} {path}\n" if name == "r1" else f"{name} echo x >> {count}; cat {path} |\n")
+        segments += [f"{name}-{i} {name} {i * 0.7:.2f} {i * 0.7 + 0.5:.2f}\n" for i in range(6)]
+    (d / "wav.scp").write_text("".join(scp))
+    (d / "segments").write_text("".join(segments))
+    whole = {name: sf.read(tmp_path / f"{name}.{fmt.lower()}", dtype="float32")[0] for name in recordings}
+    dataset = load_dataset({"path": str(d), "format": "kaldi"})
+    keys = list(dataset.keys)
+    for order in (keys, keys[::3] + keys[1::3] + keys[2::3]):
+        for key in order:
+            name, i = key.split("-")
+            got, rate = dataset.load_audio(key)
+            start, end = (int(float(f"{t:.2f}") * 16000) for t in (int(i) * 0.7, int(i) * 0.7 + 0.5))
+            assert rate == 16000 and np.array_equal(got, whole[name][start:end]), key
+            got[:] = 0  # a caller's in-place edit
+    assert count.read_text() == "x\nx\n"  # r0 and r2, once each, over both orders
