@@ -490,3 +490,76 @@ def test_a_key_repeated_in_any_kaldi_table_is_refused_naming_both_lines(tmp_path
     with pytest.raises(DataError) as error:
         read_items({"path": str(d)})
     assert str(error.value) == f"1 duplicate key(s): 'r1' ({d / table}:4, first at {d / table}:2)"
+
+
+# -- keep_together: a speaker's or a recording's keys in one shard, as Kaldi's split_data.sh ------------------
+
+def speakers_dir(path: Path, speakers: dict[str, int], segments: bool = False) -> dict:
+    """A Kaldi dir whose speaker s has ``speakers[s]`` utterances of 1 s (speaker-prefixed ids, as Kaldi sorts
+    them), with utt2spk; ``segments``: each speaker's utterances cut from one recording of theirs."""
+    path.mkdir(parents=True, exist_ok=True)
+    utts = [(f"{s}-{i:02d}", s) for s, n in speakers.items() for i in range(n)]
+    (path / "utt2spk").write_text("".join(f"{u} {s}\n" for u, s in utts))
+    if segments:
+        (path / "wav.scp").write_text("".join(f"{s}-rec {DEMO_WAV}\n" for s in speakers))
+        (path / "segments").write_text("".join(f"{u} {s}-rec 0 1\n" for u, s in utts))
+    else:
+        (path / "wav.scp").write_text("".join(f"{u} {DEMO_WAV}\n" for u, _ in utts))
+        (path / "utt2dur").write_text("".join(f"{u} 1.0\n" for u, _ in utts))
+    return {"path": str(path), "format": "kaldi"}
+
+
+def groups_of(keys: list[list[str]]) -> list[list[str]]:
+    return [sorted({k.split("-")[0] for k in shard}) for shard in keys]
+
+
+SPEAKERS = {"awb": 8, "kal": 8, "rms": 3, "slt": 13}  # 32 utterances, as a Kaldi user's trial split them
+
+
+@pytest.mark.parametrize("sharding, expected", [
+    # without it, shard_size 5 cut awb 5+3, kal 2+5+1, slt 1+5+2 (the trial's per-speaker CMN used 1-5 of 8)
+    ({"shard_size": 5}, [["awb"], ["awb", "kal"], ["kal"], ["kal", "rms", "slt"], ["slt"], ["slt"], ["slt"]]),
+    ({"shard_size": 5, "keep_together": "spk"}, [["awb"], ["kal"], ["rms"], ["slt"]]),
+    ({"shard_size": 11, "keep_together": "spk"}, [["awb"], ["kal", "rms"], ["slt"]]),
+    ({"num_shards": 2, "keep_together": "spk"}, [["awb", "kal"], ["rms", "slt"]]),
+    ({"num_shards": 9, "keep_together": "spk"}, [["awb"], ["kal"], ["rms"], ["slt"]]),  # at most one per speaker
+    ({"shard_seconds": 12, "keep_together": "spk"}, [["awb"], ["kal", "rms"], ["slt"]]),
+    ({"shard_seconds": 12, "keep_together": "rec"}, [["awb"], ["kal", "rms"], ["slt"]]),
+], ids=["no-groups", "size5", "size11", "num2", "num9", "seconds12", "rec"])
+def test_keep_together_cuts_only_between_speakers_or_recordings(tmp_path, sharding, expected):
+    segmented = sharding.get("keep_together") == "rec"
+    plan, keys = planned(speakers_dir(tmp_path / "d", SPEAKERS, segments=segmented), sharding)
+    assert groups_of(keys) == expected
+    assert sum(map(len, keys)) == 32 and plan["num_shards"] == len(expected)
+
+
+def test_keep_together_over_json_lines_and_its_errors(tmp_path):
+    path = tmp_path / "m.jsonl"
+
+    def write(rows):
+        path.write_text("".join(json.dumps({"key": k, "audio": str(DEMO_WAV), "duration": 1, **extra}) + "\n"
+                                for k, extra in rows))
+        return {"path": str(path), "format": "jsonl"}
+
+    spec = write([(f"u{i}", {"meeting": f"m{i // 3}"}) for i in range(9)])
+    _, keys = planned(spec, {"num_shards": 2, "keep_together": "meeting"})
+    assert keys == [["u0", "u1", "u2", "u3", "u4", "u5"], ["u6", "u7", "u8"]]
+    with pytest.raises(DataError, match=rf"^sharding.keep_together: key 'u4' \({path}:5\) has no 'meeting'; every "):
+        planned(write([(f"u{i}", {"meeting": "m"} if i != 4 else {}) for i in range(9)]), {"shard_size": 2,
+                                                                                         "keep_together": "meeting"})
+    with pytest.raises(DataError, match=rf"^sharding.keep_together: meeting 'a' of key 'u2' \({path}:3\) comes back "
+                                        rf"after other values \(its first key: 'u0' \({path}:1\)\): keep_together "):
+        planned(write([("u0", {"meeting": "a"}), ("u1", {"meeting": "b"}), ("u2", {"meeting": "a"})]),
+                {"shard_size": 2, "keep_together": "meeting"})
+
+
+def test_keep_together_refuses_a_speaker_without_utt2spk_line_or_split_across_lines(tmp_path):
+    spec = speakers_dir(tmp_path / "d", {"awb": 2, "kal": 2})
+    utt2spk = Path(spec["path"]) / "utt2spk"
+    utt2spk.write_text("awb-00 awb\nawb-01 awb\nkal-00 kal\n")
+    with pytest.raises(DataError, match=r"key 'kal-01' \(.*wav.scp:4\) has no 'spk' \(utt2spk has no line for it\)"):
+        planned(spec, {"shard_size": 1, "keep_together": "spk"})
+    utt2spk.write_text("awb-00 awb\nawb-01 kal\nkal-00 awb\nkal-01 kal\n")
+    with pytest.raises(DataError, match=r"spk 'awb' of key 'kal-00' \(.*wav.scp:3\) comes back after other values "
+                                        r"\(its first key: 'awb-00' \(.*wav.scp:1\)\)"):
+        planned(spec, {"shard_size": 1, "keep_together": "spk"})

@@ -3,6 +3,7 @@ run's, CI runs the README's commands."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -197,3 +198,35 @@ def test_readme_config_block_is_a_valid_config():
     from snakeshard.workflow.parse import validate_config
 
     validate_config(yaml.safe_load(doc_block(GUIDE, "yaml", "output_dir: results")))
+
+
+def test_the_guides_keep_together_keeps_each_speaker_in_one_shard_and_a_split_speaker_is_named(toy_workdir):
+    """The guide's `keep_together` line in a real run: 40 keys of 60 s by 5 speakers of 3-13 consecutive keys. By
+    seconds alone, 600 s a shard cuts 4 shards of 10 keys across speakers; with it, whole speakers (the 13 of one
+    speaker a shard of their own). A speaker whose keys are not consecutive is refused by `snakemake -n`."""
+    wd = toy_workdir
+    sizes = [3, 13, 8, 8, 8]
+    speakers = [f"spk{s}" for s, n in enumerate(sizes) for _ in range(n)]
+    keys = [f"utt{i:03d}" for i in range(40)]
+    (wd / "data/toy/utt2spk").write_text("".join(f"{k} {s}\n" for k, s in zip(keys, speakers)))
+    (wd / "data/toy/utt2dur").write_text("".join(f"{k} 60\n" for k in keys))
+    config = read_config(wd)
+    config["stages"]["upper"].update(yaml.safe_load(doc_block(GUIDE, "yaml", "sharding: {shard_seconds: 600, "
+                                                                              "keep_together: spk}")))
+    write_config(wd, config)
+    run = run_snakemake(wd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    set_dir = wd / "results/upper/toy"
+    plan = json.loads((set_dir / "plan.json").read_text())
+    shards = [(set_dir / f"split.{n}/keys").read_text().split() for n in range(plan["num_shards"])]
+    by_speaker = dict(zip(keys, speakers))
+    assert [sorted({by_speaker[k] for k in shard}) for shard in shards] == [[f"spk{s}"] for s in range(5)]
+    assert [len(shard) for shard in shards] == sizes
+    assert len((set_dir / "text").read_text().splitlines()) == 40
+    # spk0 comes back after spk1: refused at the plan, naming the key, its line and the speaker's first key
+    speakers[20] = "spk0"
+    (wd / "data/toy/utt2spk").write_text("".join(f"{k} {s}\n" for k, s in zip(keys, speakers)))
+    refused = run_snakemake(wd, "-n")
+    assert refused.returncode != 0
+    assert ("datasets.toy: stages.upper.sharding.keep_together: spk 'spk0' of key 'utt020' (data/toy/wav.scp:21) comes back after other values "
+            "(its first key: 'utt000' (data/toy/wav.scp:1))") in refused.stdout + refused.stderr

@@ -115,6 +115,13 @@ class ItemsManifest:
         self.seconds = array("d", (i.seconds for i in self.items))
         self.missing = 0
 
+    def groups(self, field: str):
+        """(value of ``field``, key, where it was declared) per item, in order: ``spk`` from utt2spk, ``rec``
+        the recording a segment is cut from (without segments each key is its own recording)."""
+        for item in self.items:
+            value = item.fields.get(field, item.key if field == "rec" and "start" not in item.fields else None)
+            yield group_value(value, field, item.key, item.source), item.key, item.source
+
     def shards(self, counts, first_item: int = 0):
         start = first_item
         for count in counts:
@@ -307,6 +314,15 @@ class JsonlManifest:
                              count=len(seconds))
         hashes.sort()
         return blocks, key_blocks, audio_blocks, seconds.tobytes(), self._next_line - 1, hashes
+
+    def groups(self, field: str):
+        """(value of ``field``, key, where it was declared) per record, in order: one more reading of the file,
+        made only for ``sharding.keep_together``."""
+        key_field = self.fields[0]
+        for _, numbers, lines in self._lines():
+            for n, record in zip(numbers, json.loads("[" + ",".join(lines) + "]")):
+                where = f"{self.path}:{n}"
+                yield group_value(record.get(field), field, record[key_field], where), record[key_field], where
 
     # -- pass 1 ---------------------------------------------------------------------------------------
 
@@ -570,6 +586,16 @@ class JsonlManifest:
             items_json = _encoder.encode(list(zip(keys, sources, audio, seconds)))
             record_lines = "".join(chain.from_iterable(zip(keys, repeat("\t"), lines, repeat("\n"))))  # key\tline\n
             yield Rows(keys, items_json, audio, seconds, {JSONL_RECORD: record_lines}, "[" + ",".join(lines) + "]")
+
+
+def group_value(value, field: str, key: str, where: str) -> str:
+    """A record's ``keep_together`` value, as a string (a number or a list compared by its JSON); none is an error
+    naming the key."""
+    if value is None:
+        source = {"spk": " (utt2spk has no line for it)", "rec": " (its recording: a segments line)"}.get(field, "")
+        raise DataError(f"sharding.keep_together: key {key!r} ({where}) has no {field!r}{source}; every key needs "
+                        "one to be kept with the others of its value")
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
 def keys_plainly_good(keys: list[str]) -> bool:

@@ -32,7 +32,7 @@ from snakeshard.core.fingerprint import digest, keys_digest, keys_text
 from snakeshard.core.forked import map_forked, plan_workers
 from snakeshard.core.manifest import scan_manifest
 from snakeshard.core.shard_files import KEYS_FILE, SHARD_ITEMS
-from snakeshard.errors import ConfigError
+from snakeshard.errors import ConfigError, DataError
 from snakeshard.io.atomic import atomic_write_json, atomic_write_text, write_if_changed
 
 # 2: per-shard record digests and audio_files.json; 3: split.N/items.json; 4: its items and fields apart
@@ -108,25 +108,54 @@ def sharding_mode(sharding: dict, where: str = "sharding") -> str:
 
 def shard_counts(manifest, sharding: dict) -> list[int]:
     """How many consecutive items of ``manifest`` each shard takes, by exactly one of num_shards / shard_size /
-    shard_seconds."""
+    shard_seconds; with ``keep_together``, boundaries fall only between groups (runs of one value of that field)."""
     mode = sharding_mode(sharding)
     n = manifest.num_items
-    if mode == "shard_size":
-        starts = list(range(0, n, int(sharding["shard_size"])))
-    elif mode == "shard_seconds":
-        manifest.fill_durations()
-        starts = split_by_budget(manifest.seconds, float(sharding["shard_seconds"]))
-    else:
+    together = sharding.get("keep_together")
+    groups = group_starts(manifest, together) if together else None
+    if mode == "shard_seconds" or mode == "num_shards" and manifest.missing < n:
         # Some durations known, some not: read the missing ones from the audio headers rather than
         # silently cutting the whole plan by item counts (which moves every shard boundary).
-        if manifest.missing < n:
-            manifest.fill_durations()
+        manifest.fill_durations()
+    if mode == "shard_size":
+        costs, budget = array("d", [1.0]) * n, float(sharding["shard_size"])
+    elif mode == "shard_seconds":
+        costs, budget = manifest.seconds, float(sharding["shard_seconds"])
+    else:
         costs = manifest.seconds if not manifest.missing else array("d", [1.0]) * n
         num_shards = int(sharding["num_shards"])
         if sharding.get("max_shard_items"):  # more shards for a bigger dataset: about this many items at most
             num_shards = max(num_shards, -(-n // int(sharding["max_shard_items"])))
+    if groups is not None:  # cut the groups, each a unit of the summed costs of its items
+        costs = [sum(costs[a:b]) for a, b in zip(groups, groups[1:] + [n])]
+    if mode == "num_shards":
         starts = split_contiguous(costs, num_shards)
+    elif mode == "shard_size" and groups is None:
+        starts = list(range(0, n, int(budget)))
+    else:
+        starts = split_by_budget(costs, budget)
+    if groups is not None:
+        starts = [groups[s] for s in starts]
     return [b - a for a, b in zip(starts, starts[1:] + [n])]
+
+
+def group_starts(manifest, field: str) -> list[int]:
+    """The items where a new value of ``field`` starts (a speaker, a recording); a value met again after another is
+    refused, naming both keys: a group must lie on consecutive lines, as Kaldi's split_data.sh wants speakers
+    (utterance ids that start with their speaker's)."""
+    starts, first_of, last = [], {}, None
+    for i, (value, key, where) in enumerate(manifest.groups(field)):
+        if value == last:
+            continue
+        if value in first_of:
+            raise DataError(f"sharding.keep_together: {field} {value!r} of key {key!r} ({where}) comes back after "
+                            f"other values (its first key: {first_of[value]}): keep_together needs the keys of one "
+                            f"{field} on consecutive lines; sort the dataset by it (Kaldi: utterance ids that start "
+                            "with their speaker's or recording's id)")
+        first_of[value] = f"{key!r} ({where})"
+        starts.append(i)
+        last = value
+    return starts
 
 
 def input_signature(dataset: dict, sharding: dict) -> str:

@@ -62,15 +62,17 @@ def counted_records(selected: list[str]) -> set[str]:
 
 
 @contextlib.contextmanager
-def naming_dataset(name: str):
+def naming_dataset(name: str, stage: str | None = None):
     """Bad data found while planning (its file, line and key named) names the config entry it came from too:
-    ``datasets.<name>: <path>:<line>: ...``."""
+    ``datasets.<name>: <path>:<line>: ...``, and data the stage's sharding cannot cut (``sharding.keep_together``)
+    the stage's key as well."""
     try:
         yield
     except DataError as e:
         if str(e).startswith(f"datasets.{name}"):
             raise
-        raise DataError(f"datasets.{name}: {e}") from e.__cause__
+        stage_key = f"stages.{stage}." if stage and str(e).startswith("sharding.") else ""
+        raise DataError(f"datasets.{name}: {stage_key}{e}") from e.__cause__
 
 
 @contextlib.contextmanager
@@ -534,7 +536,7 @@ class Workflow:
         base = set_dir(self.config, stage, ds)
         spec = run_spec(self.config, stage, ds)
         options = spec["fingerprint"]
-        with naming_dataset(ds):
+        with naming_dataset(ds, stage):
             plan = ensure_plan(base, spec["dataset"], self.config["stages"][stage]["sharding"])
         up = self.upstream.get((stage, ds))
         if up:
