@@ -418,3 +418,37 @@ def test_segments_read_alone_and_a_pipe_runs_once_per_recording(tmp_path, fmt):
             assert rate == 16000 and np.array_equal(got, whole[name][start:end]), key
             got[:] = 0  # a caller's in-place edit
     assert count.read_text() == "x\nx\n"  # r0 and r2, once each, over both orders
+
+
+def test_a_segment_to_the_end_of_its_recording_and_reco2dur_as_kaldi_reads_them(tmp_path):
+    """Kaldi's extract-segments reads an end time of -1 as the end of the recording, and a dir without segments may
+    give its durations as reco2dur (a Kaldi user's trial: both refused). A 5th column (a channel) is named."""
+    from snakeshard import load_dataset
+    from snakeshard.core.manifest import scan_manifest
+    from snakeshard.core.plan import shard_counts
+    from snakeshard.errors import DataError
+
+    samples = (np.random.default_rng(5).standard_normal(16000 * 3) * 0.1).astype(np.float32)
+    wav = tmp_path / "rec.wav"
+    sf.write(wav, samples, 16000, subtype="FLOAT")
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "wav.scp").write_text(f"file {wav}\npiped cat {wav} |\n")
+    (d / "segments").write_text("file-a file 0 1\nfile-b file 1 -1\npiped-b piped 2.5 -1\n")
+    spec = {"path": str(d), "format": "kaldi"}
+    dataset = load_dataset(spec)
+    assert np.array_equal(dataset.load_audio("file-b")[0], samples[16000:])
+    assert np.array_equal(dataset.load_audio("piped-b")[0], samples[40000:])
+    # durations: the open end's from the file's header; behind a pipe, from reco2dur, else an error naming both
+    with pytest.raises(DataError, match=r"key 'piped-b' \(.*segments:3\): cannot read a duration from .* give "
+                                        r"durations \(utt2dur, segments, reco2dur"):
+        shard_counts(scan_manifest(spec), {"num_shards": 2})
+    (d / "reco2dur").write_text("file 3.0\npiped 3.0\n")
+    manifest = scan_manifest(spec)
+    assert shard_counts(manifest, {"num_shards": 2}) == [1, 2] and list(manifest.seconds) == [1.0, 2.0, 0.5]
+    # without segments: reco2dur is the dir's utt2dur
+    (d / "segments").unlink()
+    assert list(scan_manifest(spec).seconds) == [3.0, 3.0]
+    (d / "segments").write_text("file-a file 0 1 0\n")
+    with pytest.raises(DataError, match=r"segments:1: 'file-a file 0 1 0' has a 5th column \(a channel\), which "):
+        load_dataset(spec)

@@ -157,6 +157,16 @@ def unique_kaldi_table(path: Path):
         raise duplicate_keys_error(dupes)
 
 
+OPEN_END = -1  # a segments line's end time meaning "the end of the recording", as Kaldi's extract-segments reads it
+
+
+def _durations(path: Path) -> dict[str, float]:
+    """An utt2dur or reco2dur table (empty when the file is absent)."""
+    if not path.is_file():
+        return {}
+    return {k: duration_seconds(v, f"{path}:{n}", f"duration of {k!r}") for k, v, n in unique_kaldi_table(path)}
+
+
 def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = None) -> list[Item]:
     wav_scp = path / "wav.scp"
     if not wav_scp.is_file():
@@ -180,9 +190,14 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
     if segments.is_file():
         # With segments, the items are utterances cut from the recordings in wav.scp.
         items = []
+        reco2dur = _durations(path / "reco2dur")  # for segments that end with their recording (end -1)
         for key, value, line_no in read_kaldi_table(segments):
             parts = value.split()
             where = f"{segments}:{line_no}"
+            if len(parts) == 4:
+                raise DataError(f"{where}: {key + ' ' + value!r} has a 5th column (a channel), which snakeshard does "
+                                "not read: give each channel its own wav.scp entry (e.g. 'rec-A sox rec.wav -t wav - "
+                                "remix 1 |') and name it here")
             if len(parts) != 3:
                 raise DataError(f"{where}: expected 'utt rec start end', got {key + ' ' + value!r}")
             rec = parts[0]
@@ -190,18 +205,21 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
             end = _seconds(parts[2], where, f"end of {key!r}")
             if start < 0:
                 raise DataError(f"{where}: segment {key!r} starts at {parts[1]} s, before its recording")
-            if end <= start:
-                raise DataError(f"{where}: segment {key!r} ends at {parts[2]} s, not after its start {parts[1]} s")
+            if end == OPEN_END:  # Kaldi's extract-segments: -1 is the end of the recording
+                seconds = reco2dur[rec] - start if rec in reco2dur else None  # else from the header, when needed
+            elif end <= start:
+                raise DataError(f"{where}: segment {key!r} ends at {parts[2]} s, not after its start {parts[1]} s "
+                                "(-1: the end of its recording)")
+            else:
+                seconds = end - start
             if rec not in wavs:
                 raise DataError(f"{where}: utterance {key!r} names recording {rec!r}, which is not in {wav_scp}")
-            items.append(Item(key, where, audio=wavs[rec][0], seconds=end - start,
+            items.append(Item(key, where, audio=wavs[rec][0], seconds=seconds,
                               fields={"rec": rec, "start": start, "end": end},
                               records={"wav.scp": wavs[rec][0], "segments": value} if with_records else None))
 
-    utt2dur = path / "utt2dur"
-    if utt2dur.is_file() and not segments.is_file():
-        durations = {k: duration_seconds(v, f"{utt2dur}:{n}", f"duration of {k!r}")
-                     for k, v, n in unique_kaldi_table(utt2dur)}
+    if not segments.is_file():  # without segments a recording is an utterance: reco2dur is utt2dur (Kaldi's own)
+        durations = _durations(path / "utt2dur") or _durations(path / "reco2dur")
         for item in items:
             item.seconds = durations.get(item.key)
 
@@ -443,12 +461,19 @@ def fill_durations(items: list[Item]) -> None:
         if not item.audio or is_pipe(item.audio):
             raise DataError(
                 f"key {item.key!r} ({item.source}): cannot read a duration from {item.audio!r}; "
-                "give durations (utt2dur, segments, or a jsonl duration field) or shard by count (shard_size)"
+                "give durations (utt2dur, segments, reco2dur, or a jsonl duration field) or shard by count "
+                "(shard_size)"
             )
         try:
             item.seconds = audio_duration(item.audio, f"key {item.key!r} ({item.source})")
         except DataError as e:
             bad.append(str(e))
+            continue
+        if "start" in item.fields:  # a segment to the end of its recording (the others have their durations)
+            item.seconds -= item.fields["start"]
+            if item.seconds <= 0:
+                bad.append(f"key {item.key!r} ({item.source}): segment starts at {item.fields['start']} s, at or "
+                           f"past the end of {item.audio} ({item.seconds + item.fields['start']:.3f} s)")
     if bad:
         raise unreadable_headers_error(bad)
 

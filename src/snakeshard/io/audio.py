@@ -136,7 +136,8 @@ def _segment(item, rate: int) -> tuple[int, int] | None:
     """The item's first and end sample at ``rate`` (as Kaldi's extract-segments cuts), or None: the whole file."""
     if "start" not in item.fields:
         return None
-    return int(item.fields["start"] * rate), int(item.fields["end"] * rate)
+    end = item.fields["end"]
+    return int(item.fields["start"] * rate), (None if end == -1 else int(end * rate))  # -1: the recording's end
 
 
 def read_item_audio(item, *, dtype: str = "float32", sample_rate: int | None = None,
@@ -164,7 +165,7 @@ def read_item_audio(item, *, dtype: str = "float32", sample_rate: int | None = N
             cut = _segment(item, rate)
             if cut:
                 f.seek(cut[0])
-            samples = f.read(frames=cut[1] - cut[0] if cut else -1, dtype=dtype)
+            samples = f.read(frames=cut[1] - cut[0] if cut and cut[1] is not None else -1, dtype=dtype)
     except AudioError:
         raise
     except Exception as e:
@@ -196,6 +197,8 @@ def _check_usable(item, where: str, name: str, rate: int, frames: int, sample_ra
     if "start" in item.fields:
         start, end = item.fields["start"], item.fields["end"]
         length = frames / rate
+        if end == -1:  # to the end of the recording
+            end = length
         if end > length + max_overshoot:
             allowed = f" by more than max_segment_overshoot={max_overshoot} s" if max_overshoot else ""
             setting = f"datasets.{dataset}.max_segment_overshoot" if dataset else "max_segment_overshoot in the dataset spec"
