@@ -768,3 +768,38 @@ def test_ctrl_c_during_the_parse_ends_with_one_line_and_exit_130(capsys):
     assert stop.value.code == 130
     assert capsys.readouterr().err == ("snakeshard: interrupted (Ctrl-C) while snakemake read the workflow; nothing "
                                        "was run: run it again\n")
+
+
+WHOLE_SHARD_MODULE = '''
+from snakeshard import BaseRunner, EnvironmentProvider, load_dataset
+
+
+class WholeProvider(EnvironmentProvider):
+    def build_env_local(self):
+        return {"dataset": load_dataset(self.config["dataset"])}
+
+
+class WholeRunner(BaseRunner):
+    """A forward that reads every key its job's dataset holds (a per-speaker mean does)."""
+    @staticmethod
+    def forward(key, *, dataset):
+        return {"text": " ".join(dataset.load_field(k, "text") for k in dataset)}
+'''
+
+
+def test_a_chained_canary_holds_only_its_own_keys_as_a_shard_job_holds_its_shards(toy_workdir):
+    """A chained stage's canary listed all of split.0's keys while its upstream (the upstream canary) held only the
+    canary's: a forward reading every key of its dataset failed there alone (`no key 'utt002'`: a Kaldi user's
+    trial) and worked in the shard jobs. Its dataset now holds its keys only."""
+    (toy_workdir / "whole.py").write_text(WHOLE_SHARD_MODULE)
+    config = read_config(toy_workdir)
+    config["datasets"]["up"] = {"from_stage": "upper", "dataset": "toy"}
+    config["stages"]["whole"] = {"runner": "whole.WholeRunner", "provider": "whole.WholeProvider", "datasets": ["up"],
+                                 "sharding": {"num_shards": 4}}
+    write_config(toy_workdir, config)
+    run = run_snakemake(toy_workdir)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = (toy_workdir / "results/whole/up/text").read_text().splitlines()
+    # each key: the upper-cased keys of its shard (10 a shard), in order
+    assert lines[0] == "utt000 " + " ".join(f"UTT{i:03d}" for i in range(10))
+    assert lines[39] == "utt039 " + " ".join(f"UTT{i:03d}" for i in range(30, 40))

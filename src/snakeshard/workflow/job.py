@@ -42,6 +42,11 @@ def cmd_run_shard(args) -> int:
         spec["dataset"] = {**spec["dataset"], "shard_items": os.path.join(slice_dir, SHARD_ITEMS)}
     if args.shard != CANARY:
         return _run_shard(args, spec)
+    from snakeshard.core.shard_files import read_shard_keys
+
+    # the canary's dataset holds its own keys, as a shard job's holds the shard's: a chained canary's upstream (the
+    # upstream canary) wrote only those, and a forward that read the others failed in the canary alone (a trial)
+    spec["dataset"] = {**spec["dataset"], "only_keys": read_shard_keys(args.shard_dir)}
     return _run_canary(args, spec)
 
 
