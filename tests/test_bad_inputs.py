@@ -568,3 +568,10 @@ def test_kaldi_dir_lines_that_validate_data_dir_refuses_are_noted_not_refused(to
     (data / "utt2spk").write_text("".join(f"{k} spk\n" for k in keys))
     quiet = run_cli(toy, "plan")
     assert quiet.returncode == 0 and "note:" not in quiet.stdout, output(quiet)
+    # keys out of Kaldi's order (LC_ALL=C sort): noted, the shards keep the order (a Kaldi user's trial)
+    lines = (data / "wav.scp").read_text().splitlines(keepends=True)
+    (data / "wav.scp").write_text("".join(lines[:5] + lines[6:7] + lines[5:6] + lines[7:]))
+    unsorted = run_cli(toy, "plan")
+    assert unsorted.returncode == 0 and [line for line in unsorted.stdout.splitlines() if line.startswith("note: ")] == [
+        "note: data/toy/wav.scp: keys are not sorted (data/toy/wav.scp:7: 'utt005' after 'utt006'); shards and merged "
+        "files keep this order, and Kaldi's tools want it sorted (LC_ALL=C sort, or utils/fix_data_dir.sh)"], output(unsorted)

@@ -239,10 +239,23 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
                         strays.append(f"{key!r} (line {line_no})")
             if notes is not None:
                 notes.extend(kaldi_file_notes(path, name, attr, strays, stray_count, items, segments.is_file()))
+    if notes is not None:
+        notes.extend(unsorted_note(items, segments if segments.is_file() else wav_scp))
     if notes is not None and (path / "spk2utt").is_file() and not (path / "utt2spk").is_file():
         notes.append(f"{path / 'spk2utt'}: not read: speakers come from utt2spk, which this dir lacks "
                      "(Kaldi's utils/spk2utt_to_utt2spk.pl makes it)")
     return items
+
+
+def unsorted_note(items: list[Item], key_file: Path) -> list[str]:
+    """A note when the keys are not in ``LC_ALL=C sort`` order (code point order is UTF-8's byte order): Kaldi's tools
+    refuse such a dir, and the merged files keep the order of the keys (a Kaldi user's trial)."""
+    for before, item in zip(items, items[1:]):
+        if item.key < before.key:
+            return [f"{key_file}: keys are not sorted ({item.source}: {item.key!r} after {before.key!r}); shards and "
+                    "merged files keep this order, and Kaldi's tools want it sorted (LC_ALL=C sort, or "
+                    "utils/fix_data_dir.sh)"]
+    return []
 
 
 def kaldi_file_notes(path: Path, name: str, attr: str, strays: list[str], stray_count: int, items: list[Item],
