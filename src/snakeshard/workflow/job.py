@@ -19,6 +19,14 @@ CANARY = "canary"  # the --shard of a stage's canary job
 INTERRUPTED = "interrupted (SIGINT)"  # a job's line on Ctrl-C, after the command: `snakeshard status` looks for it
 
 
+def started_line(what: str) -> str:
+    """A job log's first line: when, where and as which process it started (run.pl's '# Started at' and host; a Kaldi
+    user's trial missed them: its end, in seconds, is the job's last line)."""
+    import time
+
+    return f"{what}: started {time.strftime('%Y-%m-%d %H:%M:%S %z')} on {os.uname().nodename}, pid {os.getpid()}"
+
+
 def check_spec_current(spec: dict, path: str, stage_fingerprint: str) -> None:
     """The spec a job reads is rewritten by every parse (a ``snakemake -n`` or ``snakeshard status`` too): one
     made from another config while this run was going would have the job compute with that config under this
@@ -93,6 +101,7 @@ def canary_log_head(stage: str, fingerprint: str) -> str:
 def _run_shard(args, spec: dict) -> int:
     from snakeshard.core.fingerprint import digest, parse_shard_inputs
 
+    print(started_line(f"shard {args.shard}"), file=sys.stderr, flush=True)
     label = f"shard {args.shard}" + (f" (log: {args.log})" if args.log else "")
     if args.shard_inputs is not None:  # a shard job: its fingerprint is the digest of what it was given
         fingerprint, inputs = digest(args.shard_inputs), parse_shard_inputs(args.shard_inputs)
@@ -201,6 +210,7 @@ def cmd_run_shards(args) -> int:
     set_dir = args.set_dir
     wanted = {first + i: digest(text) for i, text in enumerate(texts)}
     todo = [n for n in wanted if _done_fingerprint(os.path.join(set_dir, f"split.{n}")) != wanted[n]]
+    print(started_line(f"shards {first}-{last}"), file=sys.stderr)
     print(f"shards {first}-{last}: {len(wanted) - len(todo)} already done with these inputs, "
           f"{len(todo)} to run", file=sys.stderr)
     failed = []
