@@ -441,7 +441,7 @@ def test_a_segment_to_the_end_of_its_recording_and_reco2dur_as_kaldi_reads_them(
     assert np.array_equal(dataset.load_audio("piped-b")[0], samples[40000:])
     # durations: the open end's from the file's header; behind a pipe, from reco2dur, else an error naming both
     with pytest.raises(DataError, match=r"key 'piped-b' \(.*segments:3\): cannot read a duration from .* give "
-                                        r"durations \(utt2dur, segments, reco2dur"):
+                                        r"its recording's duration in reco2dur \(its segment ends at -1\) or shard "):
         shard_counts(scan_manifest(spec), {"num_shards": 2})
     (d / "reco2dur").write_text("file 3.0\npiped 3.0\n")
     manifest = scan_manifest(spec)

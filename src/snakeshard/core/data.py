@@ -472,11 +472,10 @@ def fill_durations(items: list[Item]) -> None:
         if item.seconds is not None:
             continue
         if not item.audio or is_pipe(item.audio):
-            raise DataError(
-                f"key {item.key!r} ({item.source}): cannot read a duration from {item.audio!r}; "
-                "give durations (utt2dur, segments, reco2dur, or a jsonl duration field) or shard by count "
-                "(shard_size)"
-            )
+            give = ("its recording's duration in reco2dur (its segment ends at -1)" if "start" in item.fields
+                    else "durations (utt2dur, segments, or a jsonl duration field)")
+            raise DataError(f"key {item.key!r} ({item.source}): cannot read a duration from {item.audio!r}; give "
+                            f"{give} or shard by count (shard_size)")
         try:
             item.seconds = audio_duration(item.audio, f"key {item.key!r} ({item.source})")
         except DataError as e:
