@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PROJECT
-
 from snakeshard.core.data import Item
 from snakeshard.core.fingerprint import keys_digest
 from snakeshard.core.manifest import ItemsManifest
