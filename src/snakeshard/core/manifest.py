@@ -592,7 +592,7 @@ def group_value(value, field: str, key: str, where: str) -> str:
     """A record's ``keep_together`` value, as a string (a number or a list compared by its JSON); none is an error
     naming the key."""
     if value is None:
-        source = {"spk": " (utt2spk has no line for it)", "rec": " (its recording: a segments line)"}.get(field, "")
+        source = " (utt2spk has no line for it)" if field == "spk" else ""
         raise DataError(f"sharding.keep_together: key {key!r} ({where}) has no {field!r}{source}; every key needs "
                         "one to be kept with the others of its value")
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)

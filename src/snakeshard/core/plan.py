@@ -113,27 +113,22 @@ def shard_counts(manifest, sharding: dict) -> list[int]:
     n = manifest.num_items
     together = sharding.get("keep_together")
     groups = group_starts(manifest, together) if together else None
+    if mode == "shard_size" and groups is None:
+        return [min(int(sharding["shard_size"]), n - a) for a in range(0, n, int(sharding["shard_size"]))]
     if mode == "shard_seconds" or mode == "num_shards" and manifest.missing < n:
         # Some durations known, some not: read the missing ones from the audio headers rather than
         # silently cutting the whole plan by item counts (which moves every shard boundary).
         manifest.fill_durations()
-    if mode == "shard_size":
-        costs, budget = array("d", [1.0]) * n, float(sharding["shard_size"])
-    elif mode == "shard_seconds":
-        costs, budget = manifest.seconds, float(sharding["shard_seconds"])
-    else:
-        costs = manifest.seconds if not manifest.missing else array("d", [1.0]) * n
+    costs = manifest.seconds if mode != "shard_size" and not manifest.missing else array("d", [1.0]) * n
+    if groups is not None:  # each group a unit, its cost its items' summed
+        costs = [sum(costs[a:b]) for a, b in zip(groups, groups[1:] + [n])]
+    if mode == "num_shards":
         num_shards = int(sharding["num_shards"])
         if sharding.get("max_shard_items"):  # more shards for a bigger dataset: about this many items at most
             num_shards = max(num_shards, -(-n // int(sharding["max_shard_items"])))
-    if groups is not None:  # cut the groups, each a unit of the summed costs of its items
-        costs = [sum(costs[a:b]) for a, b in zip(groups, groups[1:] + [n])]
-    if mode == "num_shards":
         starts = split_contiguous(costs, num_shards)
-    elif mode == "shard_size" and groups is None:
-        starts = list(range(0, n, int(budget)))
-    else:
-        starts = split_by_budget(costs, budget)
+    else:  # a shard closes before the item (group) that would take it over its budget
+        starts = split_by_budget(costs, float(sharding[mode]))
     if groups is not None:
         starts = [groups[s] for s in starts]
     return [b - a for a, b in zip(starts, starts[1:] + [n])]
