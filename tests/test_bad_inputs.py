@@ -568,10 +568,20 @@ def test_kaldi_dir_lines_that_validate_data_dir_refuses_are_noted_not_refused(to
     (data / "utt2spk").write_text("".join(f"{k} spk\n" for k in keys))
     quiet = run_cli(toy, "plan")
     assert quiet.returncode == 0 and "note:" not in quiet.stdout, output(quiet)
+    # a spk2utt beside utt2spk is checked against it (Kaldi's validate_data_dir.sh; a trial: never read)
+    (data / "spk2utt").write_text("spk " + " ".join(keys) + "\n")
+    assert "note:" not in run_cli(toy, "plan").stdout
+    (data / "spk2utt").write_text("spk " + " ".join(keys[:5]) + "\nother " + " ".join(keys[5:]) + "\n")
+    disagreeing = run_cli(toy, "plan")
+    assert [line for line in disagreeing.stdout.splitlines() if line.startswith("note: ")] == [
+        "note: data/toy/spk2utt: does not agree with utt2spk (data/toy/utt2spk:6: 'utt005' is speaker 'spk'); "
+        "speakers come from utt2spk (Kaldi's utils/utt2spk_to_spk2utt.pl remakes spk2utt)"], output(disagreeing)
+    (data / "spk2utt").unlink()
     # keys out of Kaldi's order (LC_ALL=C sort): noted, the shards keep the order (a Kaldi user's trial)
     lines = (data / "wav.scp").read_text().splitlines(keepends=True)
     (data / "wav.scp").write_text("".join(lines[:5] + lines[6:7] + lines[5:6] + lines[7:]))
     unsorted = run_cli(toy, "plan")
-    assert unsorted.returncode == 0 and [line for line in unsorted.stdout.splitlines() if line.startswith("note: ")] == [
+    assert unsorted.returncode == 0, output(unsorted)
+    assert [line for line in unsorted.stdout.splitlines() if line.startswith("note: ")] == [
         "note: data/toy/wav.scp: keys are not sorted (data/toy/wav.scp:7: 'utt005' after 'utt006'); shards and merged "
-        "files keep this order, and Kaldi's tools want it sorted (LC_ALL=C sort, or utils/fix_data_dir.sh)"], output(unsorted)
+        "files keep this order, and Kaldi's tools want it sorted (LC_ALL=C sort, or utils/fix_data_dir.sh)"]

@@ -805,6 +805,6 @@ def test_a_chained_canary_holds_only_its_own_keys_as_a_shard_job_holds_its_shard
     assert lines[39] == "utt039 " + " ".join(f"UTT{i:03d}" for i in range(30, 40))
     # a shard job's log starts with when, where and which process (run.pl's '# Started at', a trial missed it)
     log = (toy_workdir / "results/whole/up/logs/split.1.log").read_text().splitlines()
-    assert re.fullmatch(rf"shard 1: started \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{{4}} on {re.escape(os.uname().nodename)}, "
-                        r"pid \d+", log[0]), log
+    host = re.escape(os.uname().nodename)
+    assert re.fullmatch(rf"shard 1: started \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{{4}} on {host}, pid \d+", log[0]), log
     assert re.fullmatch(r"shard 1: 10 items in \d+\.\d\d s", log[-1]), log

@@ -241,10 +241,28 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
                 notes.extend(kaldi_file_notes(path, name, attr, strays, stray_count, items, segments.is_file()))
     if notes is not None:
         notes.extend(unsorted_note(items, segments if segments.is_file() else wav_scp))
-    if notes is not None and (path / "spk2utt").is_file() and not (path / "utt2spk").is_file():
-        notes.append(f"{path / 'spk2utt'}: not read: speakers come from utt2spk, which this dir lacks "
-                     "(Kaldi's utils/spk2utt_to_utt2spk.pl makes it)")
+    if notes is not None and (path / "spk2utt").is_file():
+        notes.extend(spk2utt_note(path))
     return items
+
+
+def spk2utt_note(path: Path) -> list[str]:
+    """A note when ``spk2utt`` is not what ``utt2spk`` says (speakers come from utt2spk; Kaldi's validate_data_dir.sh
+    refuses the two disagreeing), or when there is no utt2spk to read instead."""
+    spk2utt = path / "spk2utt"
+    if not (path / "utt2spk").is_file():
+        return [f"{spk2utt}: not read: speakers come from utt2spk, which this dir lacks (Kaldi's "
+                "utils/spk2utt_to_utt2spk.pl makes it)"]
+    said = {utt: spk for spk, utts, _ in read_kaldi_table(spk2utt) for utt in utts.split()}
+    for utt, spk, line_no in read_kaldi_table(path / "utt2spk"):
+        if said.pop(utt, None) != spk:
+            return [f"{spk2utt}: does not agree with utt2spk ({path / 'utt2spk'}:{line_no}: {utt!r} is speaker "
+                    f"{spk!r}); speakers come from utt2spk (Kaldi's utils/utt2spk_to_spk2utt.pl remakes spk2utt)"]
+    if said:
+        utt = next(iter(said))
+        return [f"{spk2utt}: lists {utt!r} (speaker {said[utt]!r}), which utt2spk does not; speakers come from "
+                "utt2spk (Kaldi's utils/utt2spk_to_spk2utt.pl remakes spk2utt)"]
+    return []
 
 
 def unsorted_note(items: list[Item], key_file: Path) -> list[str]:

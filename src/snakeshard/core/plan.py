@@ -38,7 +38,8 @@ from snakeshard.io.atomic import atomic_write_json, atomic_write_text, write_if_
 # 2: per-shard record digests and audio_files.json; 3: split.N/items.json; 4: its items and fields apart
 PLAN_FORMAT = 4
 AUDIO_FILES = "audio_files.json"  # beside plan.json: per shard, the audio files it reads
-DATASET_FILES = ("wav.scp", "segments", "utt2dur", "reco2dur", "text", "utt2spk")
+# the files of a Kaldi dir whose edit re-plans (spk2utt: only for its note, which a reused plan says again)
+DATASET_FILES = ("wav.scp", "segments", "utt2dur", "reco2dur", "text", "utt2spk", "spk2utt")
 
 
 # A stage that sets no sharding, whose runner declares none: 8 shards, several per core of a workstation, so a core
