@@ -190,7 +190,7 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
     if segments.is_file():
         # With segments, the items are utterances cut from the recordings in wav.scp.
         items = []
-        reco2dur = _durations(path / "reco2dur")  # for segments that end with their recording (end -1)
+        reco2dur = None  # read at the first segment that ends with its recording (end -1)
         for key, value, line_no in read_kaldi_table(segments):
             parts = value.split()
             where = f"{segments}:{line_no}"
@@ -206,6 +206,7 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
             if start < 0:
                 raise DataError(f"{where}: segment {key!r} starts at {parts[1]} s, before its recording")
             if end == OPEN_END:  # Kaldi's extract-segments: -1 is the end of the recording
+                reco2dur = _durations(path / "reco2dur") if reco2dur is None else reco2dur
                 seconds = reco2dur[rec] - start if rec in reco2dur else None  # else from the header, when needed
             elif end <= start:
                 raise DataError(f"{where}: segment {key!r} ends at {parts[2]} s, not after its start {parts[1]} s "
@@ -224,10 +225,14 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
             item.seconds = durations.get(item.key)
 
     by_key = {item.key: item for item in items}
+    check_spk2utt = notes is not None and (path / "spk2utt").is_file()
+    speakers: dict[str, tuple[str, int]] = {}  # utt2spk as read, for the spk2utt check: utt -> (speaker, line)
     for name, attr in (("text", "text"), ("utt2spk", "spk")):
         if (path / name).is_file():
             strays, stray_count = [], 0  # the first few named, all counted
             for key, value, line_no in unique_kaldi_table(path / name):
+                if check_spk2utt and name == "utt2spk":
+                    speakers[key] = (value, line_no)
                 item = by_key.get(key)
                 if item is not None:
                     item.fields[attr] = value
@@ -241,20 +246,21 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
                 notes.extend(kaldi_file_notes(path, name, attr, strays, stray_count, items, segments.is_file()))
     if notes is not None:
         notes.extend(unsorted_note(items, segments if segments.is_file() else wav_scp))
-    if notes is not None and (path / "spk2utt").is_file():
-        notes.extend(spk2utt_note(path))
+    if check_spk2utt:
+        notes.extend(spk2utt_note(path, speakers if (path / "utt2spk").is_file() else None))
     return items
 
 
-def spk2utt_note(path: Path) -> list[str]:
-    """A note when ``spk2utt`` is not what ``utt2spk`` says (speakers come from utt2spk; Kaldi's validate_data_dir.sh
-    refuses the two disagreeing), or when there is no utt2spk to read instead."""
+def spk2utt_note(path: Path, speakers: dict[str, tuple[str, int]] | None) -> list[str]:
+    """A note when ``spk2utt`` is not what ``utt2spk`` says (``speakers``: its lines as read, utt -> (speaker,
+    line); speakers come from utt2spk, and Kaldi's validate_data_dir.sh refuses the two disagreeing), or when there
+    is no utt2spk (None) to read instead."""
     spk2utt = path / "spk2utt"
-    if not (path / "utt2spk").is_file():
+    if speakers is None:
         return [f"{spk2utt}: not read: speakers come from utt2spk, which this dir lacks (Kaldi's "
                 "utils/spk2utt_to_utt2spk.pl makes it)"]
     said = {utt: spk for spk, utts, _ in read_kaldi_table(spk2utt) for utt in utts.split()}
-    for utt, spk, line_no in read_kaldi_table(path / "utt2spk"):
+    for utt, (spk, line_no) in speakers.items():
         if said.pop(utt, None) != spk:
             return [f"{spk2utt}: does not agree with utt2spk ({path / 'utt2spk'}:{line_no}: {utt!r} is speaker "
                     f"{spk!r}); speakers come from utt2spk (Kaldi's utils/utt2spk_to_spk2utt.pl remakes spk2utt)"]

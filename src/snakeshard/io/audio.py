@@ -106,8 +106,9 @@ PIPE_CACHE_BYTES = 256 << 20
 _pipe_cache: OrderedDict[tuple[str, str], tuple] = OrderedDict()
 
 
-def _pipe_audio(command: str, dtype: str, where: str, key: str):
-    """(samples, rate) of a pipe's whole output, run once while it stays in the cache; checked complete."""
+def _pipe_audio(command: str, dtype: str, where: str, key: str, keep: bool):
+    """(samples, rate) of a pipe's whole output, checked complete; with ``keep`` (a segment, whose recording's
+    other segments may follow), run once while it stays in the cache."""
     import soundfile
 
     cached = _pipe_cache.get((command, dtype))
@@ -126,18 +127,20 @@ def _pipe_audio(command: str, dtype: str, where: str, key: str):
         decoded = soundfile.read(source, dtype=dtype)
     except Exception as e:
         raise AudioError(f"{where}: cannot read audio {name}: {e}", key) from None
+    if not keep:
+        return decoded
     _pipe_cache[(command, dtype)] = decoded
     while len(_pipe_cache) > 1 and sum(s.nbytes for s, _ in _pipe_cache.values()) > PIPE_CACHE_BYTES:
         _pipe_cache.popitem(last=False)
     return decoded
 
 
-def _segment(item, rate: int) -> tuple[int, int] | None:
+def _segment(item, rate: int) -> tuple[int, int | None] | None:
     """The item's first and end sample at ``rate`` (as Kaldi's extract-segments cuts), or None: the whole file."""
     if "start" not in item.fields:
         return None
     end = item.fields["end"]
-    return int(item.fields["start"] * rate), (None if end == -1 else int(end * rate))  # -1: the recording's end
+    return int(item.fields["start"] * rate), (None if end == -1 else int(end * rate))  # -1 (data.OPEN_END): to its end
 
 
 def read_item_audio(item, *, dtype: str = "float32", sample_rate: int | None = None,
@@ -151,12 +154,15 @@ def read_item_audio(item, *, dtype: str = "float32", sample_rate: int | None = N
     where = f"key {item.key!r} ({item.source})"
     if item.audio.endswith("|"):  # a Kaldi pipe (data.is_pipe): the command's stdout is the audio
         command = item.audio[:-1].strip()
-        samples, rate = _pipe_audio(command, dtype, where, item.key)
+        segment = "start" in item.fields
+        samples, rate = _pipe_audio(command, dtype, where, item.key, keep=segment)
         _check_usable(item, where, f"the output of {command!r}", rate, len(samples), sample_rate, max_overshoot,
                       dataset)
-        cut = _segment(item, rate)
+        if not segment:  # a whole recording, read once: neither kept nor copied
+            return samples, rate
+        start, end = _segment(item, rate)
         # a copy: the caller may write into what it gets, and the cache serves the recording's other segments
-        return (samples[cut[0]:cut[1]].copy() if cut else samples.copy()), rate
+        return samples[start:end].copy(), rate
     _check_file_complete(item.audio, where, item.key)
     try:
         with soundfile.SoundFile(item.audio) as f:

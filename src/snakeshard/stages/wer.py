@@ -1,4 +1,5 @@
-"""``snakeshard wer``: the word (and character) error rate of a Kaldi-style ``key text`` hypothesis file against a reference."""
+"""``snakeshard wer``: the word (and character) error rate of a Kaldi-style ``key text`` hypothesis file against a
+reference."""
 
 from __future__ import annotations
 

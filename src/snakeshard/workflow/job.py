@@ -50,11 +50,6 @@ def cmd_run_shard(args) -> int:
         spec["dataset"] = {**spec["dataset"], "shard_items": os.path.join(slice_dir, SHARD_ITEMS)}
     if args.shard != CANARY:
         return _run_shard(args, spec)
-    from snakeshard.core.shard_files import read_shard_keys
-
-    # the canary's dataset holds its own keys, as a shard job's holds the shard's: a chained canary's upstream (the
-    # upstream canary) wrote only those, and a forward that read the others failed in the canary alone (a trial)
-    spec["dataset"] = {**spec["dataset"], "only_keys": read_shard_keys(args.shard_dir)}
     return _run_canary(args, spec)
 
 
@@ -70,8 +65,12 @@ def _run_canary(args, spec: dict) -> int:
     # The log's first line names the canary's fingerprint: `snakeshard status` reads a failure from the log
     # only when it is the current fingerprint's (the log's path is the stage's, whatever its fingerprint).
     print(canary_log_head(spec["stage"], args.fingerprint), file=sys.stderr, flush=True)
+    keys = read_shard_keys(shard_dir)
+    # the canary's dataset holds its own keys, as a shard job's holds the shard's: a chained canary's upstream (the
+    # upstream canary) wrote only those, and a forward that read the others failed in the canary alone (a trial)
+    spec["dataset"] = {**spec["dataset"], "only_keys": keys}
     try:
-        if read_shard_keys(shard_dir):
+        if keys:
             _run_shard(args, spec)
         else:  # canary: 0 -- nothing to check, nothing to build
             clear_shard_dir(shard_dir)
