@@ -308,6 +308,37 @@ def test_ctrl_c_of_a_run_is_named_by_status_and_the_next_run_finishes_it(toy_wor
     assert "summary: 4 done" in run_cli(toy_workdir, "status").stdout
 
 
+def test_a_shard_job_stopped_by_sigterm_says_so_in_its_log_and_status_and_the_next_run_finishes_it(toy_workdir):
+    """SIGTERM to one shard job (a kill; on SLURM, scancel or the time limit: test_slurm): its log ends with one line
+    saying it was stopped, when, and by what it may have been (a Kaldi user's trial saw an empty log and status said
+    pending), exit 143; status calls it incomplete with that line; no done is left, and the next run finishes it."""
+    set_stage(toy_workdir, provider_config={"item_delay": 0.6})
+    driver = subprocess.Popen([sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores", "2"],
+                              cwd=toy_workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        job = wait_for(lambda: shard_process(toy_workdir, 0), 60, "shard 0 to start")
+        time.sleep(1.5)  # a few of its items done
+        job.send_signal(signal.SIGTERM)
+        out, _ = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode != 0 and "exit status 143" in out, out[-3000:]
+    assert not (toy_workdir / TOY / "split.0/done").exists()
+    log = (toy_workdir / "results/upper/toy/logs/split.0.log").read_text().splitlines()
+    assert re.fullmatch(r"shard 0: started \S+ \S+ \S+ on \S+, pid \d+", log[0]), log[0]
+    assert re.fullmatch(r"snakeshard: run-shard: stopped by SIGTERM at \S+ \S+ \S+ \(a kill, or the scheduler that "
+                        r"started it\); rerun to go on", log[-1]), log
+    assert "Traceback" not in "\n".join(log)
+    status = run_cli(toy_workdir, "status").stdout
+    assert re.search(r"split\.0\s+incomplete\s+10 items\s+stopped by SIGTERM at [^;]+ \(a kill, or the scheduler that "
+                     r"started it\): the next run runs it again$", status, re.M), status
+    rerun = run_snakemake(toy_workdir)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "summary: 4 done" in run_cli(toy_workdir, "status").stdout
+    assert (toy_workdir / TOY / "text").read_text().splitlines() == [f"utt{i:03d} UTT{i:03d}" for i in range(40)]
+
+
 def test_a_misspelt_fingerprint_ignore_key_is_noted_once_by_the_driver(toy_workdir):
     """A fingerprint_ignore key absent from provider_config next to one close to it (a user trial's `fail_key` for
     `fail_keys`): one note, since the key meant still reruns every shard; an absent key with nothing close: none."""

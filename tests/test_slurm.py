@@ -167,7 +167,14 @@ def test_scancel_of_a_running_shard_is_reported_and_rerun_recovers(toy_workdir):
     assert f"SLURM-job '{victim}' failed, SLURM status is: 'CANCELLED'" in out, out[-3000:]
     assert not (toy_workdir / TOY / "split.0/done").exists()
     assert not (toy_workdir / TOY / "merged.json").exists()
-    assert "split.0" in run_cli(toy_workdir, "status").stdout
+    # the job's log and status say it was stopped, in which SLURM job (a Kaldi user's trial: an empty log, "pending")
+    log = (toy_workdir / TOY / "logs/split.0.log").read_text().splitlines()
+    assert log[0].endswith(f", SLURM job {victim}") and log[-1].endswith(
+        f" in SLURM job {victim} (scancel, or its time limit: `sacct -j {victim}` says which); rerun to go on"), log
+    status = run_cli(toy_workdir, "status").stdout
+    assert re.search(rf"split\.0\s+incomplete\s+10 items\s+stopped by SIGTERM at [^;]+ in SLURM job {victim} "
+                     rf"\(scancel, or its time limit: `sacct -j {victim}` says which\): the next run runs it again$",
+                     status, re.M), status
 
     rerun = run_slurm(toy_workdir)
     assert rerun.returncode == 0, rerun.stderr[-3000:]

@@ -17,6 +17,22 @@ from snakeshard.errors import ERROR_PREFIX, WARNING_PREFIX, ShardError, Snakesha
 
 CANARY = "canary"  # the --shard of a stage's canary job
 INTERRUPTED = "interrupted (SIGINT)"  # a job's line on Ctrl-C, after the command: `snakeshard status` looks for it
+STOPPED = "stopped by SIGTERM"  # a job's line on SIGTERM (scancel, a SLURM time limit, kill): status looks for it too
+
+
+class Terminated(BaseException):
+    """SIGTERM in a job, raised where the job is (as Ctrl-C's KeyboardInterrupt), so that its ``finally`` blocks
+    and its pool's shutdown run and its log ends with a line saying why it stopped: without it a job cancelled by
+    SLURM died without a word, and status called its shard pending (a Kaldi user's trial)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def slurm_job() -> str | None:
+    """The SLURM job this process runs in (its id), or None outside SLURM."""
+    return os.environ.get("SLURM_JOB_ID") or None
 
 
 def started_line(what: str) -> str:
@@ -24,7 +40,8 @@ def started_line(what: str) -> str:
     user's trial missed them: its end, in seconds, is the job's last line)."""
     import time
 
-    return f"{what}: started {time.strftime('%Y-%m-%d %H:%M:%S %z')} on {os.uname().nodename}, pid {os.getpid()}"
+    slurm = f", SLURM job {slurm_job()}" if slurm_job() else ""
+    return f"{what}: started {time.strftime('%Y-%m-%d %H:%M:%S %z')} on {os.uname().nodename}, pid {os.getpid()}{slurm}"
 
 
 def check_spec_current(spec: dict, path: str, stage_fingerprint: str) -> None:
@@ -335,6 +352,10 @@ def run_command(args) -> int:
     # A job (run-shard, merge) writes its own log, keeping a handle on the stderr it was started
     # with: Snakemake's own output, where its error line is echoed (a full disk can swallow the log).
     console = _log_to(args.log) if getattr(args, "log", None) else None
+    if getattr(args, "log", None):  # a job: SIGTERM says so in its log (a training loop sets its own while it runs)
+        import signal
+
+        signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         status = args.func(args)
         sys.stdout.flush()  # a closed pipe shows up here, inside the handler below, not at exit
@@ -349,11 +370,25 @@ def run_command(args) -> int:
     except KeyboardInterrupt:  # Ctrl-C outside a training loop (which checkpoints on it): one line, no traceback
         _report(f"snakeshard: {args.command}: {INTERRUPTED}; rerun to go on", None, console)
         return 128 + 2
+    except Terminated:
+        _report(f"snakeshard: {args.command}: {stopped_line()}; rerun to go on", None, console)
+        return 128 + 15
     except OSError as e:  # outside the user's code: a full disk, a read-only or vanished directory
         where = f" ({args.shard_dir})" if getattr(args, "shard_dir", None) else ""
         what = f"shard {args.shard}{where}" if getattr(args, "shard", None) is not None else args.command
         _report(f"{ERROR_PREFIX}{what}: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""), e, console)
         return 1
+
+
+def stopped_line() -> str:
+    """What a job's log says when SIGTERM stopped it, with who may have sent it."""
+    import time
+
+    when = time.strftime('%Y-%m-%d %H:%M:%S %z')
+    if slurm_job():
+        return (f"{STOPPED} at {when} in SLURM job {slurm_job()} (scancel, or its time limit: "
+                f"`sacct -j {slurm_job()}` says which)")
+    return f"{STOPPED} at {when} (a kill, or the scheduler that started it)"
 
 
 def _log_to(path: str) -> int | None:
