@@ -484,8 +484,8 @@ BAD_FIELD_CASES = [
     ("jsonl-without-its-format",
      lambda wd: (write_jsonl(wd, [{"key": "a", "audio": WAV}]),
                  set_top(wd, datasets={"toy": {"path": "data/x.jsonl"}})),
-     ["data/x.jsonl: not a Kaldi data dir (no wav.scp); a JSON Lines manifest needs format: jsonl in its datasets "
-      "entry"]),
+     ["data/x.jsonl: not a Kaldi data dir (no wav.scp, no feats.scp); a JSON Lines manifest needs format: jsonl in "
+      "its datasets entry"]),
 ]
 
 

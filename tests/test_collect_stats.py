@@ -463,7 +463,9 @@ def demo_spec(**extra) -> dict:
 @pytest.mark.parametrize("config, message", [
     ({"frontend": "mfcc"}, "stages.<stage>.provider_config.frontend: 'mfcc' is not a built-in frontend (fbank, upstream)"),
     ({"num_mel_bin": 80}, "stages.<stage>.provider_config.num_mel_bin: not a fbank option"),
-    ({"frontend": "upstream"}, "'upstream' reads features another stage wrote: dataset 'demo' must be a chained one"),
+    ({"frontend": "upstream"}, "'upstream' reads features another stage wrote, or a Kaldi data dir's feats.scp "
+                               "(feats_field: feats): dataset 'demo' must be a chained one ({from_stage: ..., dataset: "
+                               "...}) or a data dir with a feats.scp"),
     ({"frontend": "upstream", "num_mel_bins": 80}, "provider_config.num_mel_bins: frontend 'upstream' takes only feats_field"),
 ])
 def test_provider_config_errors_name_the_key(config, message):

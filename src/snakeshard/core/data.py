@@ -33,7 +33,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 # The per-key Kaldi files a stage's forward can see through the dataset (text and utt2spk as fields).
-KALDI_RECORD_FILES = ("wav.scp", "segments", "text", "utt2spk")
+KALDI_RECORD_FILES = ("wav.scp", "segments", "text", "utt2spk", "feats.scp")
+FEATS_SCP, FEATS = "feats.scp", "feats"  # Kaldi's features of a data dir, and the field they are read as
+KALDI_FRAME_SHIFT = 0.01  # seconds: a data dir's frame_shift when it has none (Kaldi's utils/data/get_frame_shift.sh)
 JSONL_RECORD = "jsonl"
 _NEW_DICT = object()  # Item's default for records: a new dict (None is a value: "not read")
 
@@ -170,8 +172,10 @@ def _durations(path: Path) -> dict[str, float]:
 def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = None) -> list[Item]:
     wav_scp = path / "wav.scp"
     if not wav_scp.is_file():
+        if (path / FEATS_SCP).is_file():
+            return _read_features_dir(path, with_records, notes)
         hint = "; a JSON Lines manifest needs format: jsonl in its datasets entry" if path.is_file() else ""
-        raise DataError(f"{path}: not a Kaldi data dir (no wav.scp){hint}")
+        raise DataError(f"{path}: not a Kaldi data dir (no wav.scp, no feats.scp){hint}")
     wavs = {}
     items = []
     for key, value, line_no in unique_kaldi_table(wav_scp):
@@ -224,10 +228,74 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
         for item in items:
             item.seconds = durations.get(item.key)
 
+    _read_fields(path, items, with_records, notes,
+                 "utterance in segments" if segments.is_file() else "recording in wav.scp")
+    if notes is not None:
+        notes.extend(unsorted_note(items, segments if segments.is_file() else wav_scp))
+    return items
+
+
+def _read_features_dir(path: Path, with_records: bool, notes: list | None) -> list[Item]:
+    """A Kaldi data dir of features without audio (``feats.scp``, no ``wav.scp``): its keys are feats.scp's, read by
+    ``load_array(key, "feats")``; their durations come from utt2dur, else utt2num_frames times the dir's
+    frame_shift (a Kaldi user's trial: such a dir was refused)."""
+    feats_scp = path / FEATS_SCP
+    items = [Item(key, f"{feats_scp}:{line_no}") for key, _, line_no in unique_kaldi_table(feats_scp)]
+    durations = _durations(path / "utt2dur")
+    if not durations and (path / "utt2num_frames").is_file():
+        shift = KALDI_FRAME_SHIFT
+        if (path / "frame_shift").is_file():
+            shift = duration_seconds(read_text_lines(path / "frame_shift")[0].strip(), f"{path / 'frame_shift'}:1",
+                                     "the frame shift")
+        durations = {key: duration_seconds(value, f"{path / 'utt2num_frames'}:{n}", f"frames of {key!r}") * shift
+                     for key, value, n in unique_kaldi_table(path / "utt2num_frames")}
+    for item in items:
+        item.seconds = durations.get(item.key)
+    _read_fields(path, items, with_records, notes, "key in feats.scp")
+    if notes is not None:
+        notes.extend(unsorted_note(items, feats_scp))
+    return items
+
+
+def is_features_dir(spec: dict) -> bool:
+    """Whether a dataset spec is a Kaldi data dir with a ``feats.scp`` (its keys' ``feats`` are Kaldi's features)."""
+    return spec.get("format", "kaldi") == "kaldi" and os.path.isfile(os.path.join(spec.get("path", ""), FEATS_SCP))
+
+
+def _feature_file(rxfilename: str) -> str | None:
+    """The file a feats.scp entry reads (``raw_fbank.1.ark:1234``, ``x.ark:17[0:9]``, ``x.mat``), or None for a
+    pipe, which has none."""
+    if is_pipe(rxfilename):
+        return None
+    path, colon, offset = rxfilename.rpartition(":")
+    return path if colon and offset.split("[", 1)[0].isdigit() else rxfilename.split("[", 1)[0]
+
+
+def _feature_record(key: str, rxfilename: str, where: str, stats: dict) -> str:
+    """What a key's features stand for in its shard's fingerprint: feats.scp's entry and its file's size and mtime
+    (Kaldi rewrites an ark in place with the same offsets when a feature config changes). A missing file is named
+    here, at the plan, as a missing audio file is."""
+    file = _feature_file(rxfilename)
+    if file is None:
+        return rxfilename
+    if file not in stats:
+        try:
+            st = os.stat(file)
+        except FileNotFoundError:
+            relative = "" if os.path.isabs(file) else f" (relative to the working directory {os.getcwd()})"
+            raise DataError(f"{where}: key {key!r}: its feature file {file} does not exist{relative}") from None
+        stats[file] = f"{st.st_size} {st.st_mtime_ns}"
+    return f"{rxfilename} {stats[file]}"
+
+
+def _read_fields(path: Path, items: list[Item], with_records: bool, notes: list | None, holder: str) -> None:
+    """The per-key tables beside the keys' file: ``text``, ``utt2spk`` (as ``spk``) and ``feats.scp`` (as ``feats``,
+    the rxfilename ``load_array(key, "feats")`` reads), each key once; ``spk2utt`` checked against utt2spk."""
     by_key = {item.key: item for item in items}
     check_spk2utt = notes is not None and (path / "spk2utt").is_file()
     speakers: dict[str, tuple[str, int]] = {}  # utt2spk as read, for the spk2utt check: utt -> (speaker, line)
-    for name, attr in (("text", "text"), ("utt2spk", "spk")):
+    feature_files: dict[str, str] = {}  # a feature file's size and mtime, stat'ed once for all its keys
+    for name, attr in (("text", "text"), ("utt2spk", "spk"), (FEATS_SCP, FEATS)):
         if (path / name).is_file():
             strays, stray_count = [], 0  # the first few named, all counted
             for key, value, line_no in unique_kaldi_table(path / name):
@@ -237,18 +305,16 @@ def _read_kaldi_dir(path: Path, with_records: bool = True, notes: list | None = 
                 if item is not None:
                     item.fields[attr] = value
                     if with_records:
-                        item.records[name] = value
+                        item.records[name] = (value if attr != FEATS else
+                                              _feature_record(key, value, f"{path / name}:{line_no}", feature_files))
                 else:
                     stray_count += 1
                     if len(strays) < MAX_LISTED:
                         strays.append(f"{key!r} (line {line_no})")
             if notes is not None:
-                notes.extend(kaldi_file_notes(path, name, attr, strays, stray_count, items, segments.is_file()))
-    if notes is not None:
-        notes.extend(unsorted_note(items, segments if segments.is_file() else wav_scp))
+                notes.extend(kaldi_file_notes(path, name, attr, strays, stray_count, items, holder))
     if check_spk2utt:
         notes.extend(spk2utt_note(path, speakers if (path / "utt2spk").is_file() else None))
-    return items
 
 
 def spk2utt_note(path: Path, speakers: dict[str, tuple[str, int]] | None) -> list[str]:
@@ -283,14 +349,14 @@ def unsorted_note(items: list[Item], key_file: Path) -> list[str]:
 
 
 def kaldi_file_notes(path: Path, name: str, attr: str, strays: list[str], stray_count: int, items: list[Item],
-                     segments: bool) -> list:
+                     holder: str) -> list:
     """What Kaldi's validate_data_dir.sh would refuse in ``path/name`` (text or utt2spk) and snakeshard lets
     pass, said as notes: its keys that no item has (a wav.scp filtered and its text kept is common, and such
     lines are only ignored), and items it has no line for (their field is unset; a stage that reads it fails on
-    them, naming the key). ``strays``: the first of the ``stray_count`` keys with no item, described."""
+    them, naming the key). ``strays``: the first of the ``stray_count`` keys with no item, described; ``holder``:
+    what an item is ("recording in wav.scp")."""
     notes = []
     if stray_count:
-        holder = "utterance in segments" if segments else "recording in wav.scp"
         notes.append(f"{path / name}: {stray_count} key(s) with no {holder}, ignored: "
                      + listing(stray_count, strays) + " (Kaldi's utils/fix_data_dir.sh drops them)")
     unset = [item for item in items if attr not in item.fields]
@@ -406,7 +472,8 @@ def read_items(spec: dict, with_records: bool = True, notes: list | None = None)
         where = f"datasets.{spec['name']}.format" if spec.get("name") else f"dataset {path}: format"
         raise DataError(f"{where}: unknown format {fmt!r} (use 'kaldi' or 'jsonl')")
     if not items:
-        raise empty_dataset_error(spec, path, path / "wav.scp" if fmt == "kaldi" else path)
+        raise empty_dataset_error(spec, path, (path / "wav.scp" if (path / "wav.scp").is_file() else path / FEATS_SCP)
+                                  if fmt == "kaldi" else path)
     validate_keys(items, str(path))
     return items
 
@@ -487,6 +554,19 @@ def check_audio_exists(items: list[Item]) -> None:
         raise missing_audio_error(len(missing), listed, relative=any(not os.path.isabs(i.audio) for i in missing))
 
 
+def read_kaldi_matrix(rxfilename: str, what: str):
+    """A Kaldi matrix (an ark offset, an ark range, a plain file, a pipe) read by kaldiio, writable: kaldiio gives a
+    read-only view of the bytes it read, which torch.from_numpy warns about (a user trial); np.require copies
+    only such a view (~20 us for 1,000 frames of 80 floats)."""
+    import kaldiio
+    import numpy as np
+
+    try:
+        return np.require(kaldiio.load_mat(rxfilename), requirements="W")
+    except Exception as e:  # kaldiio's errors name neither the key nor the table
+        raise DataError(f"{what} {rxfilename!r} cannot be read: {type(e).__name__}: {e}") from e
+
+
 def fill_durations(items: list[Item]) -> None:
     """Read durations from audio headers for items that have none yet (a truncated or empty file is an error)."""
     from snakeshard.io.audio import audio_duration
@@ -497,6 +577,7 @@ def fill_durations(items: list[Item]) -> None:
             continue
         if not item.audio or is_pipe(item.audio):
             give = ("its recording's duration in reco2dur (its segment ends at -1)" if "start" in item.fields
+                    else "durations (utt2dur, or utt2num_frames beside feats.scp)" if FEATS in item.fields
                     else "durations (utt2dur, segments, or a jsonl duration field)")
             raise DataError(f"key {item.key!r} ({item.source}): cannot read a duration from {item.audio!r}; give "
                             f"{give} or shard by count (shard_size)")
@@ -570,9 +651,16 @@ class KaldiDataset:
         return item.seconds
 
     def load_array(self, key: str, field: str):
-        """Arrays are fields another stage wrote (fbank's ``feats``): only a chained dataset has them
-        (StageOutputDataset). Here, a data dir's dataset, the mistake is named rather than an AttributeError."""
+        """``feats`` of a Kaldi data dir with a ``feats.scp`` (Kaldi's features, read by kaldiio, writable); any other
+        array is a field another stage wrote (fbank's ``feats``), which only a chained dataset has
+        (StageOutputDataset): here the mistake is named rather than an AttributeError."""
+        item = self._item(key)
+        if field == FEATS and FEATS in item.fields:
+            return read_kaldi_matrix(item.fields[FEATS], f"key {key!r} ({item.source}): its {FEATS_SCP} entry")
         name = self.spec.get("name", "?")
+        if field == FEATS and is_features_dir(source_spec(self.spec)):
+            raise DataError(f"datasets.{name}: key {key!r} ({item.source}) has no line in "
+                            f"{os.path.join(source_spec(self.spec)['path'], FEATS_SCP)}")
         raise DataError(f"datasets.{name}: load_array({key!r}, {field!r}) reads a field of another stage's merged "
                         f"output, and dataset {name!r} ({self.spec.get('path', '?')}) is a data dir, not a stage's "
                         "output: run this stage over a chained dataset, e.g. datasets: "
@@ -620,6 +708,9 @@ class KaldiDataset:
             source = source_spec(self.spec)
             field = (f"; datasets.{source['name']}.audio_field is {source.get('audio_field', 'audio')!r}"
                      if source.get("format") == "jsonl" and source.get("name") else "")
+            if FEATS in item.fields:  # a data dir of features alone (a wav.scp gives every key audio)
+                field = (f": its data dir has features ({FEATS_SCP}) and no wav.scp; a stage that reads audio "
+                         "needs a wav.scp (features are read with load_array(key, 'feats'))")
             raise AudioError(f"key {key!r} ({item.source}) has no audio{field}", key)
         return item
 
@@ -713,11 +804,7 @@ class StageOutputDataset(KaldiDataset):
         fmt, value = self._lookup(key, field, ("ark", "npy"))
         if fmt == "npy":
             return np.load(value, allow_pickle=False)
-        import kaldiio
-
-        # kaldiio gives a read-only view of the bytes it read, which torch.from_numpy warns about (a user
-        # trial); np.require copies only such a view (~20 us for 1,000 frames of 80 floats)
-        return np.require(kaldiio.load_mat(value), requirements="W")
+        return read_kaldi_matrix(value, f"key {key!r}: field {field!r} of {self.set_dir}:")
 
     def load_audio(self, key: str, field: str | None = None, dtype: str = "float32"):
         """(samples, rate) of ``field`` (a wav/flac field of the upstream). Without ``field``: the

@@ -39,7 +39,8 @@ from snakeshard.io.atomic import atomic_write_json, atomic_write_text, write_if_
 PLAN_FORMAT = 4
 AUDIO_FILES = "audio_files.json"  # beside plan.json: per shard, the audio files it reads
 # the files of a Kaldi dir whose edit re-plans (spk2utt: only for its note, which a reused plan says again)
-DATASET_FILES = ("wav.scp", "segments", "utt2dur", "reco2dur", "text", "utt2spk", "spk2utt")
+DATASET_FILES = ("wav.scp", "segments", "utt2dur", "reco2dur", "text", "utt2spk", "spk2utt", "feats.scp",
+                 "utt2num_frames", "frame_shift")
 
 
 # A stage that sets no sharding, whose runner declares none: 8 shards, several per core of a workstation, so a core
