@@ -192,10 +192,11 @@ def _run_one(spec: dict, job, shard, shard_dir: str, fingerprint, inputs, log) -
     from snakeshard.core.shard import run_shard_dir
 
     runner_cls, env, pool = job
+    # the stage's batching, else the runner's own (its class attributes), as an in-process runner(keys) has it
+    batching = {name: spec.get(name) if spec.get(name) is not None else getattr(runner_cls, name)
+                for name in ("batch_size", "batch_seconds", "sort_by_length")}
     done = run_shard_dir(runner_cls, env, shard_dir, shard_id=shard, fingerprint=fingerprint,
-                         log_path=log, progress=True, inputs=inputs,
-                         batch_size=spec.get("batch_size"), batch_seconds=spec.get("batch_seconds"),
-                         sort_by_length=spec.get("sort_by_length", False), outputs=spec.get("outputs"),
+                         log_path=log, progress=True, inputs=inputs, **batching, outputs=spec.get("outputs"),
                          allow_nonfinite=spec.get("allow_nonfinite") or (),
                          report_seconds=spec.get("report_seconds", False), pool=pool)
     took = done["end"] - done["start"]
