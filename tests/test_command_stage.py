@@ -165,6 +165,20 @@ def test_a_command_that_writes_other_keys_than_its_batch_fails_naming_the_key(tm
     assert re.search(message, log), log[-2000:]
 
 
+@pytest.mark.skipif(shutil.which("soxi") is None, reason="needs sox's soxi")
+def test_a_real_tool_over_each_shards_wav_scp_gives_the_datasets_durations(tmp_path):
+    """sox's soxi over each shard's {data}/wav.scp, as a user's own script would read it: the merged durations are
+    the shipped utt2dur's (rounded as it is), in the dataset's order, from 3 shards."""
+    command = "while read key wav; do echo \"$key $(soxi -D $wav)\"; done < {data}/wav.scp > {out}/utt2dur"
+    wd = command_project(tmp_path / "wf", {"command": command, "reads": {"utt2dur": "utt2dur"}})
+    run = run_snakemake(wd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = [line.split() for line in (wd / "results/kaldi/demo/utt2dur").read_text().splitlines()]
+    want = [line.split() for line in (PROJECT / "data/demo/utt2dur").read_text().splitlines()]
+    assert [k for k, _ in got] == [k for k, _ in want] == DEMO_KEYS
+    assert all(abs(float(a) - float(b)) < 1e-3 for (_, a), (_, b) in zip(got, want))
+
+
 def test_segments_and_pipes_reach_the_command_as_kaldi_writes_them(tmp_path):
     """A dir of segments cut from piped recordings: {data} holds each recording once in wav.scp (its pipe as
     written), the segments' times, spk2utt from utt2spk; sox reads them as Kaldi's extract-segments would."""
