@@ -118,7 +118,7 @@ def test_the_docs_kaldi_command_stage_gives_the_builtin_fbank_and_reruns_on_its_
     log = (out / "logs/split.1.log").read_text()  # the command's own output, in the shard's log
     n = len((out / "split.1/keys").read_text().split())
     assert log.count("LOG (compute-fbank-feats) processed ") == n
-    assert f"split.1.log): {n} items in 1 batches (batch_size 100000)\n" in log  # one command per shard
+    assert f"split.1.log): {n} items in 1 batches (batch_size 1000)\n" in log  # one command per shard
     assert "Nothing to be done" in run_snakemake(wd, "-n").stdout
     (wd / "conf/fbank.conf").write_text("--num-mel-bins=40\n")  # a file the command reads: every shard reruns
     assert run_cli(wd, "status").stdout.count("changed since it ran: the stage") == 3
@@ -177,6 +177,16 @@ def test_a_real_tool_over_each_shards_wav_scp_gives_the_datasets_durations(tmp_p
     want = [line.split() for line in (PROJECT / "data/demo/utt2dur").read_text().splitlines()]
     assert [k for k, _ in got] == [k for k, _ in want] == DEMO_KEYS
     assert all(abs(float(a) - float(b)) < 1e-3 for (_, a), (_, b) in zip(got, want))
+
+
+def test_batch_size_gives_each_command_at_most_that_many_keys(tmp_path):
+    """10 keys in one shard, batch_size 4: three commands over 4, 4 and 2 keys, in plan order."""
+    command = "n=$(wc -l < {data}/wav.scp); awk -v n=$n '{print $1, n}' {data}/wav.scp > {out}/batch"
+    wd = command_project(tmp_path / "wf", {"command": command, "reads": {"batch": "batch"}}, {"num_shards": 1},
+                         batch_size=4)
+    run = run_snakemake(wd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (wd / "results/kaldi/demo/batch").read_text().split()[1::2] == ["4"] * 8 + ["2"] * 2
 
 
 def test_segments_and_pipes_reach_the_command_as_kaldi_writes_them(tmp_path):

@@ -14,7 +14,7 @@ as a Kaldi data dir of its keys, as ``run.pl JOB=1:N`` runs them per ``split_dat
   files    the files the command reads besides the data (configs, models, scripts): their size and mtime count in
            the stage's fingerprint, as a model file's do, so an edit of ``conf/mfcc.conf`` reruns every shard.
 
-One command per shard by default (``batch_size`` caps the keys a command gets). Its output (Kaldi's ``LOG`` lines
+One command per 1,000 keys of a shard (``batch_size`` sets it): what it writes is held in memory until written. Its output (Kaldi's ``LOG`` lines
 included) goes to the shard's log; a failing command fails the shard with its exit status and its last lines.
 """
 
@@ -64,9 +64,11 @@ class CommandProvider(EnvironmentProvider):
 
 
 class CommandRunner(BaseRunner):
-    """The command over each batch (a shard's keys, unless ``batch_size`` is set); its files read back per key."""
+    """The command over each batch of a shard's keys; its files read back per key."""
 
-    batch_size = 100_000  # a shard's keys in one command, as run.pl runs one per split (the stage's batch_size caps it)
+    # Keys per command (the stage's batch_size sets it): run.pl runs one per split, but a command's outputs are
+    # held in memory until written, and 1,000 keys of 10 s of 80-dim fbank are ~300 MB.
+    batch_size = 1000
 
     @staticmethod
     def forward(keys, *, dataset, command, reads, tmpdir=None):
