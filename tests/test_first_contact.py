@@ -339,6 +339,32 @@ def test_a_shard_job_stopped_by_sigterm_says_so_in_its_log_and_status_and_the_ne
     assert (toy_workdir / TOY / "text").read_text().splitlines() == [f"utt{i:03d} UTT{i:03d}" for i in range(40)]
 
 
+def test_status_of_a_shard_whose_slurm_job_was_killed_names_the_job_and_its_slurm_log(tmp_path, monkeypatch):
+    """A SLURM job killed without a word (out of memory: SIGKILL) leaves a log of one line, which names its SLURM
+    job (test_slurm checks that line on a live cluster); status points at sacct and the plugin's log of that job
+    (a user trial found the cause only by opening .snakemake/slurm_logs by hand)."""
+    from snakeshard.core.shard import ATTEMPT_FILE
+    from snakeshard.workflow.status import shard_state
+
+    monkeypatch.chdir(tmp_path)
+    shard_dir = tmp_path / "results/upper/toy/split.1"
+    shard_dir.mkdir(parents=True)
+    (shard_dir / ATTEMPT_FILE).write_text("")
+    log = tmp_path / "results/upper/toy/logs/split.1.log"
+    log.parent.mkdir()
+    log.write_text("shard 1: started 2026-11-28 00:40:01 +0000 on node7, pid 4242, SLURM job 382\n")
+    slurm_log = Path(".snakemake/slurm_logs/rule_shard_upper/toy_1/382.log")
+    slurm_log.parent.mkdir(parents=True)
+    slurm_log.write_text("slurmstepd: error: Detected 1 oom_kill event\n")
+    state, detail = shard_state(shard_dir, log, {"fingerprint": "x"}, 1, ["wav.scp"])
+    assert (state, detail) == ("incomplete", "started in SLURM job 382, no done and no error line: still running, "
+                               "or killed (out of memory, its time limit): `sacct -j 382 -o State,MaxRSS,Elapsed` "
+                               f"says which; its SLURM log: {slurm_log}")
+    log.write_text("shard 1: started 2026-11-28 00:40:01 +0000 on vm, pid 4242\n")  # not on SLURM: as before
+    assert shard_state(shard_dir, log, {"fingerprint": "x"}, 1, ["wav.scp"])[1].startswith("started, no done, and no "
+                                                                                            "attempt holds it here")
+
+
 def test_a_misspelt_fingerprint_ignore_key_is_noted_once_by_the_driver(toy_workdir):
     """A fingerprint_ignore key absent from provider_config next to one close to it (a user trial's `fail_key` for
     `fail_keys`): one note, since the key meant still reruns every shard; an absent key with nothing close: none."""

@@ -186,7 +186,7 @@ def test_scancel_of_a_running_shard_is_reported_and_rerun_recovers(toy_workdir):
 def test_out_of_memory_shard_is_retried_with_more_memory(toy_workdir):
     """A shard holding ~600 MB under mem_mb 500 is killed by SLURM, retried with 1000 MB (attempt 2), and succeeds."""
     set_stage(toy_workdir, "upper", sharding={"num_shards": 1}, retries=2, canary=0,
-              resources={"mem_mb": 500, "runtime": 5},
+              resources={"mem_mb": 500, "runtime": 5, "qos": "normal"},
               provider_config={"allocate_mb": 600, "item_delay": 0.1}, fingerprint_ignore=["item_delay"])
     run = run_slurm(toy_workdir)
     out = run.stdout + run.stderr
@@ -195,6 +195,9 @@ def test_out_of_memory_shard_is_retried_with_more_memory(toy_workdir):
     assert len(jobs) == 2, out[-3000:]
     accounting = sacct(list(jobs))
     assert [(state, mem) for _, state, mem in accounting] == [("FAILED", "500M"), ("COMPLETED", "1000M")]
+    qos = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(jobs), "--format=QOS"], capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert qos == ["normal", "normal"]  # resources.qos reaches sbatch
     first_log = Path(jobs[accounting[0][0]]).read_text()
     assert "Exceeded job memory limit" in first_log
     assert len((toy_workdir / TOY / "text").read_text().splitlines()) == 40

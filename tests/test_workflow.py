@@ -244,7 +244,8 @@ def test_stage_resources_reach_the_slurm_jobs(toy_workdir):
         pytest.skip("the slurm extra is not installed")
     config = read_config(toy_workdir)
     config["stages"]["upper"]["resources"] = {"mem_mb": 700, "runtime": 7, "cpus_per_task": 2,
-                                              "slurm_partition": "debug", "constraint": "fast"}
+                                              "slurm_partition": "debug", "constraint": "fast", "qos": "normal",
+                                              "slurm_extra": "--mail-type=FAIL"}
     write_config(toy_workdir, config)
     dry = run_snakemake(toy_workdir, "-n", profile="slurm")
     assert dry.returncode == 0, dry.stderr[-3000:]
@@ -252,6 +253,23 @@ def test_stage_resources_reach_the_slurm_jobs(toy_workdir):
              if line.startswith("    resources:") and "mem_mb=700" in line]
     assert len(lines) == 5, dry.stdout[-3000:]  # 4 shard jobs and the canary (on in the SLURM profile)
     for line in lines:
-        for item in ("runtime=7", "cpus_per_task=2", "slurm_partition=debug", "constraint=fast"):
+        for item in ("runtime=7", "cpus_per_task=2", "slurm_partition=debug", "constraint=fast", "qos=normal",
+                     "slurm_extra=--mail-type=FAIL"):
             assert item in line, line
         assert "slurm_account" not in line and "gpu" not in line
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("--qos=high", "'--qos=high': set it with stages.upper.resources.qos"),
+    ("--mail-type=FAIL -pdebug", "'-pdebug': set it with stages.upper.resources.slurm_partition"),
+    ("--job-name x", "'--job-name': snakeshard and the SLURM plugin set it"),
+])
+def test_an_sbatch_option_with_its_own_key_is_refused_in_slurm_extra_at_the_parse(toy_workdir, extra, message):
+    """The SLURM plugin refuses these in slurm_extra only when it submits (a user trial's --qos=high, as the docs
+    showed it, failed its first job); the parse names the key to use instead, before any job."""
+    config = read_config(toy_workdir)
+    config["stages"]["upper"]["resources"] = {"slurm_extra": extra}
+    write_config(toy_workdir, config)
+    dry = run_snakemake(toy_workdir, "-n")
+    assert dry.returncode != 0
+    assert f"stages.upper.resources.slurm_extra: {message}" in dry.stderr, dry.stderr[-2000:]

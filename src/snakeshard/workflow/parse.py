@@ -42,7 +42,16 @@ CANARY_DIR = "_canary"
 DEFAULT_CANARY = 2
 DEFAULT_RESOURCES = {"mem_mb": 2000, "runtime": 60, "cpus_per_task": 1}
 # Resources handed to the executor as they are (snakemake-executor-plugin-slurm names); unset ones are omitted.
-SLURM_PASSTHROUGH = ("slurm_partition", "slurm_account", "constraint", "slurm_extra", "gpu", "gres")
+SLURM_PASSTHROUGH = ("slurm_partition", "slurm_account", "qos", "constraint", "slurm_extra", "gpu", "gres")
+# sbatch options the SLURM plugin sets itself and refuses in slurm_extra, when it submits (a user trial's
+# --qos=high, as the docs showed it, failed its first job): refused here, at the parse, naming the key to use.
+SLURM_EXTRA_KEYS = {"--qos": "qos", "--account": "slurm_account", "-A": "slurm_account",
+                    "--partition": "slurm_partition", "-p": "slurm_partition", "--mem": "mem_mb",
+                    "--mem-per-cpu": "mem_mb", "--time": "runtime", "-t": "runtime", "--cpus-per-task": "cpus_per_task",
+                    "-c": "cpus_per_task", "--constraint": "constraint", "-C": "constraint", "--gres": "gres",
+                    "--gpus": "gpu", "--job-name": None, "-J": None, "--output": None, "-o": None, "--error": None,
+                    "-e": None, "--ntasks": None, "-n": None, "--nodes": None, "-N": None, "--clusters": None,
+                    "--workdir": None, "-D": None, "--export": None, "--comment": None, "--parsable": None}
 # What a shard's fingerprint covers unless the stage's `fingerprint:` config says otherwise.
 FINGERPRINT_DEFAULTS = {"records": [*KALDI_RECORD_FILES, JSONL_RECORD], "audio": True, "code": True}
 STAGE_HISTORY = "stage_history.json"  # the stage fingerprints' payloads, newest last: what status diffs
@@ -137,6 +146,7 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
         if stage.get("sort_by_length") and not (stage.get("batch_size") or stage.get("batch_seconds")):
             raise ConfigError(f"stages.{name}.sort_by_length: sorting needs batches: set batch_size or batch_seconds")
         check_outputs_config(stage.get("outputs") or {}, f"stages.{name}.outputs")
+        check_slurm_extra((stage.get("resources") or {}).get("slurm_extra"), f"stages.{name}.resources")
         check_pool_config(stage, f"stages.{name}")
         reserved = sorted({"dataset", "devices"} & set(stage.get("provider_config") or {}))
         if reserved:
@@ -154,6 +164,19 @@ def validate_config(config: dict, schema_path: str | os.PathLike | None = None) 
                 if role == "runner":
                     check_runner_source(stage[role], where, *source)
     upstream_of(config)  # chained datasets form no loop
+
+
+def check_slurm_extra(extra: str | None, where: str) -> None:
+    """slurm_extra holds no sbatch option the SLURM plugin sets itself (SLURM_EXTRA_KEYS): each has its key."""
+    import shlex
+
+    for word in shlex.split(extra or ""):
+        option = word.split("=", 1)[0]
+        if option in SLURM_EXTRA_KEYS or (len(option) > 2 and option[:2] in SLURM_EXTRA_KEYS and option[1] != "-"):
+            key = SLURM_EXTRA_KEYS.get(option, SLURM_EXTRA_KEYS.get(option[:2]))
+            instead = f"set it with {where}.{key}" if key else "snakeshard and the SLURM plugin set it"
+            raise ConfigError(f"{where}.slurm_extra: {word!r}: {instead} (the SLURM plugin refuses it in "
+                              "slurm_extra, when it submits the first job)")
 
 
 def check_provider_config_keys(stage: dict, where: str) -> None:

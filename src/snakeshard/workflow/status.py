@@ -8,6 +8,7 @@ pending; a merge current, stale, missing, moved, failed, or made again (with why
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from snakeshard.core.merge import (UnreadableDone, done_moved, missing_merged_files, moved_fix, moved_from, read_done,
@@ -36,6 +37,8 @@ def merged_state(set_dir: Path, inputs: str) -> str:
         return "moved"
     return "missing" if missing_merged_files(set_dir, record) else "yes"
 
+
+SLURM_JOB_LINE = re.compile(r", SLURM job (\d+)$")  # the end of a job log's first line (workflow.job.started_line)
 
 # What a stale shard's done differs in, in the words status uses.
 STALE_CAUSES = {"keys": "its keys (the plan was cut anew)",
@@ -88,6 +91,13 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int, record_f
                 ": the next run runs it again")
         if attempt_running(shard_dir):
             return "incomplete", "running now"
+        job = SLURM_JOB_LINE.search(lines[0]) if lines else None
+        if job:  # its log's first line names its SLURM job (workflow.job.started_line): say where to look
+            logs = sorted(Path(".snakemake/slurm_logs").glob(f"*/*/{job.group(1)}.log"))
+            where = f"; its SLURM log: {logs[0]}" if logs else ""
+            return "incomplete", (f"started in SLURM job {job.group(1)}, no done and no error line: still running, or "
+                                  f"killed (out of memory, its time limit): `sacct -j {job.group(1)} -o "
+                                  f"State,MaxRSS,Elapsed` says which{where}")
         return "incomplete", ("started, no done, and no attempt holds it here: killed, its done deleted, or running "
                               "on another node (if its log has no error, the cause may be in snakemake's own output)")
     return "pending", ""
