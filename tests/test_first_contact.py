@@ -365,6 +365,25 @@ def test_status_of_a_shard_whose_slurm_job_was_killed_names_the_job_and_its_slur
                                                                                             "attempt holds it here")
 
 
+def test_the_commands_status_prints_use_the_profile_of_the_last_run(tmp_path, monkeypatch):
+    """A SLURM user was told `snakemake --profile profiles/local --unlock` (a user trial): the newest Snakemake
+    log's header names the profile the project runs with."""
+    from snakeshard.workflow.status import snakemake_command
+
+    monkeypatch.chdir(tmp_path)
+    for profile in ("profiles/local", "profiles/slurm"):
+        Path(profile).mkdir(parents=True)
+        Path(profile, "config.yaml").write_text("")
+    assert snakemake_command() == "snakemake --profile profiles/local"  # no run yet
+    Path(".snakemake/log").mkdir(parents=True)
+    header = "\nSNAKEMAKE\n=========\n  Date: 2026-11-28\n  Command: /venv/bin/snakemake --profile {} -n\n"
+    Path(".snakemake/log/2026-11-28T004400.721962.snakemake.log").write_text(header.format("profiles/slurm"))
+    Path(".snakemake/log/2026-11-27T235045.002243.snakemake.log").write_text(header.format("profiles/local"))
+    assert snakemake_command() == "snakemake --profile profiles/slurm"
+    Path(".snakemake/log/2026-11-28T010000.000000.snakemake.log").write_text(header.format("gone/profile"))
+    assert snakemake_command() == "snakemake --profile profiles/local"  # a profile that is not here
+
+
 def test_a_misspelt_fingerprint_ignore_key_is_noted_once_by_the_driver(toy_workdir):
     """A fingerprint_ignore key absent from provider_config next to one close to it (a user trial's `fail_key` for
     `fail_keys`): one note, since the key meant still reruns every shard; an absent key with nothing close: none."""

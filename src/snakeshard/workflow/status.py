@@ -241,12 +241,26 @@ def first_newer(inputs, output) -> str | None:
 
 
 def snakemake_command() -> str:
-    """``snakemake`` with this project's local profile (``snakeshard init`` writes profiles/local; this
-    repository keeps config/profiles/local), as a command status prints should be run."""
-    for profile in ("profiles/local", "config/profiles/local"):
-        if Path(profile, "config.yaml").is_file():
+    """``snakemake`` with the profile of this project's last run (its Snakemake log's ``Command:`` line), else its
+    local profile (``snakeshard init`` writes profiles/local; this repository keeps config/profiles/local), as a
+    command status prints should be run (a SLURM user's trial was told to use the local one)."""
+    for profile in (last_run_profile(), "profiles/local", "config/profiles/local"):
+        if profile and Path(profile, "config.yaml").is_file():
             return f"snakemake --profile {profile}"
     return "snakemake --cores 1"
+
+
+def last_run_profile() -> str | None:
+    """The ``--profile`` of the newest Snakemake log here (its header names the command), or None."""
+    logs = sorted(Path(".snakemake/log").glob("*.snakemake.log"))  # named by start time
+    if not logs:
+        return None
+    with open(logs[-1], errors="replace") as log:
+        for _, line in zip(range(30), log):
+            if line.lstrip().startswith("Command:"):
+                found = re.search(r"--profile[= ](\S+)", line)
+                return found.group(1) if found else None
+    return None
 
 
 def print_status(wf) -> None:
