@@ -159,7 +159,12 @@ def test_scancel_of_a_running_shard_is_reported_and_rerun_recovers(toy_workdir):
         if state.strip() == "RUNNING":
             break
         time.sleep(0.5)
-    time.sleep(3)  # mid-run: the shard is working through its 10 one-second items
+    # mid-run: the shard job has started (its log's first line; the job's own Snakemake takes seconds to get there
+    # on a loaded machine, and a fresh clone's suite cancelled it before) and works through its 10 one-second items
+    log_path = toy_workdir / TOY / "logs/split.0.log"
+    while time.time() < deadline and not (log_path.is_file() and log_path.read_text().startswith("shard 0: started")):
+        time.sleep(0.2)
+    time.sleep(1)
     subprocess.run(["scancel", victim], check=True)
     rest, _ = driver.communicate(timeout=300)
     out = "".join(seen) + rest
@@ -168,7 +173,7 @@ def test_scancel_of_a_running_shard_is_reported_and_rerun_recovers(toy_workdir):
     assert not (toy_workdir / TOY / "split.0/done").exists()
     assert not (toy_workdir / TOY / "merged.json").exists()
     # the job's log and status say it was stopped, in which SLURM job (a Kaldi user's trial: an empty log, "pending")
-    log = (toy_workdir / TOY / "logs/split.0.log").read_text().splitlines()
+    log = log_path.read_text().splitlines()
     assert log[0].endswith(f", SLURM job {victim}") and log[-1].endswith(
         f" in SLURM job {victim} (scancel, or its time limit: `sacct -j {victim}` says which); rerun to go on"), log
     status = run_cli(toy_workdir, "status").stdout

@@ -352,11 +352,11 @@ def run_command(args) -> int:
     """Run a parsed command; a user's error becomes one line (and its traceback, in the log), exit 1."""
     # A job (run-shard, merge) writes its own log, keeping a handle on the stderr it was started
     # with: Snakemake's own output, where its error line is echoed (a full disk can swallow the log).
-    console = _log_to(args.log) if getattr(args, "log", None) else None
     if getattr(args, "log", None):  # a job: SIGTERM says so in its log (a training loop sets its own while it runs)
         import signal
 
         signal.signal(signal.SIGTERM, _raise_terminated)
+    console = _log_to(args.log) if getattr(args, "log", None) else None
     try:
         status = args.func(args)
         sys.stdout.flush()  # a closed pipe shows up here, inside the handler below, not at exit
