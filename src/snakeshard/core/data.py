@@ -240,7 +240,10 @@ def _read_features_dir(path: Path, with_records: bool, notes: list | None) -> li
     ``load_array(key, "feats")``; their durations come from utt2dur, else utt2num_frames times the dir's
     frame_shift (a Kaldi user's trial: such a dir was refused)."""
     feats_scp = path / FEATS_SCP
-    items = [Item(key, f"{feats_scp}:{line_no}") for key, _, line_no in unique_kaldi_table(feats_scp)]
+    items, entries, feature_files = [], [], {}
+    for key, value, line_no in unique_kaldi_table(feats_scp):  # read once: its lines are the keys and their feats
+        items.append(Item(key, f"{feats_scp}:{line_no}"))
+        entries.append(value)
     durations = _durations(path / "utt2dur")
     if not durations and (path / "utt2num_frames").is_file():
         shift = KALDI_FRAME_SHIFT
@@ -251,14 +254,19 @@ def _read_features_dir(path: Path, with_records: bool, notes: list | None) -> li
                      for key, value, n in unique_kaldi_table(path / "utt2num_frames")}
     for item in items:
         item.seconds = durations.get(item.key)
-    _read_fields(path, items, with_records, notes, "key in feats.scp")
+    _read_fields(path, items, with_records, notes, "key in feats.scp", FIELD_TABLES[:-1])
+    for item, value in zip(items, entries):  # after text and utt2spk, in the order a dir with a wav.scp has them
+        item.fields[FEATS] = value
+        if with_records:
+            item.records[FEATS_SCP] = _feature_record(item.key, value, item.source, feature_files)
     if notes is not None:
         notes.extend(unsorted_note(items, feats_scp))
     return items
 
 
-def is_features_dir(spec: dict) -> bool:
-    """Whether a dataset spec is a Kaldi data dir with a ``feats.scp`` (its keys' ``feats`` are Kaldi's features)."""
+def has_kaldi_features(spec: dict) -> bool:
+    """Whether a dataset spec is a Kaldi data dir with a ``feats.scp`` (its keys' ``feats`` are Kaldi's features),
+    with or without a wav.scp."""
     return spec.get("format", "kaldi") == "kaldi" and os.path.isfile(os.path.join(spec.get("path", ""), FEATS_SCP))
 
 
@@ -288,14 +296,20 @@ def _feature_record(key: str, rxfilename: str, where: str, stats: dict) -> str:
     return f"{rxfilename} {stats[file]}"
 
 
-def _read_fields(path: Path, items: list[Item], with_records: bool, notes: list | None, holder: str) -> None:
-    """The per-key tables beside the keys' file: ``text``, ``utt2spk`` (as ``spk``) and ``feats.scp`` (as ``feats``,
-    the rxfilename ``load_array(key, "feats")`` reads), each key once; ``spk2utt`` checked against utt2spk."""
+# The per-key tables beside a Kaldi dir's keys, and the field each gives: feats.scp's is the rxfilename that
+# load_array(key, "feats") reads.
+FIELD_TABLES = (("text", "text"), ("utt2spk", "spk"), (FEATS_SCP, FEATS))
+
+
+def _read_fields(path: Path, items: list[Item], with_records: bool, notes: list | None, holder: str,
+                 tables=FIELD_TABLES) -> None:
+    """Each of ``tables`` beside the keys' file, each key once, as the items' fields; ``spk2utt`` checked against
+    utt2spk."""
     by_key = {item.key: item for item in items}
     check_spk2utt = notes is not None and (path / "spk2utt").is_file()
     speakers: dict[str, tuple[str, int]] = {}  # utt2spk as read, for the spk2utt check: utt -> (speaker, line)
     feature_files: dict[str, str] = {}  # a feature file's size and mtime, stat'ed once for all its keys
-    for name, attr in (("text", "text"), ("utt2spk", "spk"), (FEATS_SCP, FEATS)):
+    for name, attr in tables:
         if (path / name).is_file():
             strays, stray_count = [], 0  # the first few named, all counted
             for key, value, line_no in unique_kaldi_table(path / name):
@@ -658,7 +672,7 @@ class KaldiDataset:
         if field == FEATS and FEATS in item.fields:
             return read_kaldi_matrix(item.fields[FEATS], f"key {key!r} ({item.source}): its {FEATS_SCP} entry")
         name = self.spec.get("name", "?")
-        if field == FEATS and is_features_dir(source_spec(self.spec)):
+        if field == FEATS and has_kaldi_features(source_spec(self.spec)):
             raise DataError(f"datasets.{name}: key {key!r} ({item.source}) has no line in "
                             f"{os.path.join(source_spec(self.spec)['path'], FEATS_SCP)}")
         raise DataError(f"datasets.{name}: load_array({key!r}, {field!r}) reads a field of another stage's merged "

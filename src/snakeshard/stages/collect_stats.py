@@ -153,7 +153,7 @@ class CollectStatsProvider(InferenceProvider):
                    "window_type", "use_energy")  # the last ones: fbank's, for frontend: fbank
 
     def build_env(self) -> dict:
-        from snakeshard.core.data import FEATS, STAGE_FORMAT, is_features_dir, load_dataset
+        from snakeshard.core.data import FEATS, STAGE_FORMAT, has_kaldi_features, load_dataset
         from snakeshard.stages.fbank import fbank_options
 
         options = {k: v for k, v in self.config.items() if k not in ("dataset", "devices")}
@@ -169,7 +169,7 @@ class CollectStatsProvider(InferenceProvider):
             field = options.pop("feats_field", "feats")
             if options:
                 raise ConfigError(f"{where}.{sorted(options)[0]}: frontend 'upstream' takes only feats_field")
-            if spec.get("format") != STAGE_FORMAT and not (field == FEATS and is_features_dir(spec)):
+            if spec.get("format") != STAGE_FORMAT and not (field == FEATS and has_kaldi_features(spec)):
                 raise ConfigError(f"{where}.frontend: 'upstream' reads features another stage wrote, or a Kaldi data "
                                   f"dir's feats.scp (feats_field: feats): dataset {spec.get('name')!r} must be a "
                                   "chained one ({from_stage: ..., dataset: ...}) or a data dir with a feats.scp")

@@ -18,6 +18,7 @@ from snakeshard.errors import ERROR_PREFIX, WARNING_PREFIX, ShardError, Snakesha
 CANARY = "canary"  # the --shard of a stage's canary job
 INTERRUPTED = "interrupted (SIGINT)"  # a job's line on Ctrl-C, after the command: `snakeshard status` looks for it
 STOPPED = "stopped by SIGTERM"  # a job's line on SIGTERM (scancel, a SLURM time limit, kill): status looks for it too
+RERUN = "; rerun to go on"  # the end of both lines (status leaves it out: it says what the next run does)
 
 
 class Terminated(BaseException):
@@ -369,10 +370,10 @@ def run_command(args) -> int:
         _report(ERROR_PREFIX + str(e), e.__cause__, console)
         return 1
     except KeyboardInterrupt:  # Ctrl-C outside a training loop (which checkpoints on it): one line, no traceback
-        _report(f"snakeshard: {args.command}: {INTERRUPTED}; rerun to go on", None, console)
+        _report(f"snakeshard: {args.command}: {INTERRUPTED}{RERUN}", None, console)
         return 128 + 2
     except Terminated:
-        _report(f"snakeshard: {args.command}: {stopped_line()}; rerun to go on", None, console)
+        _report(f"snakeshard: {args.command}: {stopped_line()}{RERUN}", None, console)
         return 128 + 15
     except OSError as e:  # outside the user's code: a full disk, a read-only or vanished directory
         where = f" ({args.shard_dir})" if getattr(args, "shard_dir", None) else ""

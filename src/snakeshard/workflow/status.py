@@ -19,7 +19,7 @@ from snakeshard.core.shard import ATTEMPT_FILE
 from snakeshard.core.shard_files import MERGE_LOG
 from snakeshard.errors import ERROR_PREFIX, MAX_LISTED
 from snakeshard.train.stage import training_state
-from snakeshard.workflow.job import INTERRUPTED, STOPPED, canary_log_head
+from snakeshard.workflow.job import INTERRUPTED, RERUN, STOPPED, canary_log_head
 from snakeshard.workflow.parse import FINGERPRINT_DEFAULTS, counted_records, stage_changes, stage_sets
 from snakeshard.workflow.run_lock import DEAD_RUN_LOCK, dead_run_lock
 from snakeshard.workflow.train_config import model_source
@@ -87,7 +87,7 @@ def shard_state(shard_dir: Path, log: Path, expected: dict, shard: int, record_f
             return "incomplete", "interrupted (SIGINT, Ctrl-C): the next run runs it again"
         stopped = [line for line in tail if f": {STOPPED}" in line]  # its line on SIGTERM: scancel, a time limit
         if stopped:
-            return "incomplete", stopped[-1].split(": ", 2)[-1].removesuffix("; rerun to go on") + (
+            return "incomplete", stopped[-1].split(": ", 2)[-1].removesuffix(RERUN) + (
                 ": the next run runs it again")
         if attempt_running(shard_dir):
             return "incomplete", "running now"
