@@ -196,6 +196,23 @@ def test_a_runner_over_a_chained_dataset_runs_in_process_with_the_dataset_as_the
         load_dataset({"format": "kaldi"})
 
 
+def test_status_notes_the_output_of_a_stage_or_dataset_the_config_no_longer_has(toy_workdir):
+    """A stage or dataset removed from the config (or renamed) leaves its dir, which Snakemake neither reads nor
+    removes: status names it (an HPC user's trial: nothing did)."""
+    assert run_snakemake(toy_workdir).returncode == 0
+    assert "note:" not in run_cli(toy_workdir, "status").stdout
+    config = read_config(toy_workdir)
+    config["datasets"]["toy2"] = config["datasets"].pop("toy")
+    config["stages"]["upper"]["datasets"] = ["toy2"]
+    write_config(toy_workdir, config)
+    status = run_cli(toy_workdir, "status").stdout
+    assert ("note: results/upper/toy/: of no stage or dataset in the config (removed or renamed?); snakemake neither "
+            "reads nor removes it: rm -r when no longer needed\n") in status, status
+    config["stages"]["shout"] = config["stages"].pop("upper")
+    write_config(toy_workdir, config)
+    assert "note: results/upper/: of no stage" in run_cli(toy_workdir, "status").stdout
+
+
 def test_status_names_what_in_the_stage_changed_since_a_shard_ran(toy_workdir):
     """A stale shard's line names the stage's change, as a refused training resume does (a user trial: it said
     "the stage's config, model files or code" whatever changed): a provider_config value with both values, an

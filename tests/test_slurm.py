@@ -188,6 +188,41 @@ def test_scancel_of_a_running_shard_is_reported_and_rerun_recovers(toy_workdir):
     assert (toy_workdir / TOY / "text").read_text().splitlines() == [f"utt{i:03d} UTT{i:03d}" for i in range(40)]
 
 
+def test_status_names_the_slurm_job_of_each_queued_and_running_shard(toy_workdir):
+    """While a run's shard jobs wait in SLURM's queue, status says queued or running with the job id and squeue's
+    reason (an HPC user's trial: shards in the queue showed as stale, with the cause of an earlier run), and a shard
+    whose job left the queue shows its state from disk again."""
+    # each shard job takes both CPUs of the one-node cluster: one runs, three wait
+    set_stage(toy_workdir, "upper", provider_config={"item_delay": 0.5}, fingerprint_ignore=["item_delay"],
+              resources={"cpus_per_task": 2}, canary=0)
+    driver = subprocess.Popen(slurm_command(limit=300), cwd=toy_workdir,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=slurm_env())
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:  # one shard running in SLURM, the others queued behind it
+            states = sorted(job.split()[1] for job in cluster_jobs() if "rule_shard_upper" in job)
+            if states == ["PENDING"] * 3 + ["RUNNING"]:
+                break
+            time.sleep(0.5)
+        assert states == ["PENDING"] * 3 + ["RUNNING"], cluster_jobs()
+        jobs = {job.split()[3].rsplit("_", 1)[1]: job.split()[0] for job in cluster_jobs()}  # shard -> job id
+        status = run_cli(toy_workdir, "status").stdout
+        running = re.findall(r"^  split\.(\d)\s+running\s+10 items  in SLURM job (\d+) \(RUNNING\)$", status, re.M)
+        queued = re.findall(r"^  split\.(\d)\s+queued\s+10 items  in SLURM job (\d+), pending \((\w+)\)$", status, re.M)
+        assert len(running) == 1 and len(queued) == 3, status
+        assert all(jobs[shard] == job for shard, job, *_ in running + queued), (jobs, status)
+        assert {reason for *_, reason in queued} <= {"Resources", "Priority"}, status
+    finally:
+        subprocess.run(["scancel", *(job.split()[0] for job in cluster_jobs())], check=False)
+        driver.terminate()  # rather than wait for its next status checks to see them cancelled
+        driver.communicate(timeout=120)
+    time.sleep(1)
+    while cluster_jobs():
+        time.sleep(0.5)
+    after = run_cli(toy_workdir, "status").stdout  # the queue is empty: the shards' own states again
+    assert not re.search(r"^  split\.\d\s+(queued|running) ", after, re.M), after
+
+
 def test_out_of_memory_shard_is_retried_with_more_memory(toy_workdir):
     """A shard holding ~600 MB under mem_mb 500 is killed by SLURM, retried with 1000 MB (attempt 2), and succeeds."""
     set_stage(toy_workdir, "upper", sharding={"num_shards": 1}, retries=2, canary=0,

@@ -309,7 +309,8 @@ def build_parser():
     sp.set_defaults(func=cmd_report)
 
     sp = sub.add_parser("status", help="list each shard as done, stale (with the cause), failed (with its log tail), "
-                                       "unreadable, incomplete, pending or removed, a failed canary, and whether the merge is current")
+                                       "unreadable, incomplete, pending, removed, or queued or running in SLURM, a failed canary, "
+                                       "and whether the merge is current")
     with_config(sp)
     sp.set_defaults(func=cmd_status)
 

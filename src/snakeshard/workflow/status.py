@@ -1,8 +1,10 @@
 """``snakeshard status``: each shard's, merge's and training's state, read from the files on disk against the
-fingerprints a parse of the project's config gives now (nothing is run; Snakemake is not asked).
+fingerprints a parse of the project's config gives now (nothing is run; Snakemake is not asked), and from
+SLURM's queue when a recent run here submitted to it (``squeue``).
 
-A shard is done, stale (with what changed), moved, unreadable, failed (with its log's lines), incomplete or
-pending; a merge current, stale, missing, moved, failed, or made again (with why Snakemake remakes it).
+A shard is done, stale (with what changed), moved, unreadable, failed (with its log's lines), incomplete, pending,
+or queued or running in a SLURM job; a merge current, stale, missing, moved, failed, or made again (with why
+Snakemake remakes it).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 import re
 from pathlib import Path
 
+from snakeshard.core.data import listing
 from snakeshard.core.merge import (UnreadableDone, done_moved, missing_merged_files, moved_fix, moved_from, read_done,
                                    remerge_fix)
 from snakeshard.core.merged_files import merged_record
@@ -20,7 +23,8 @@ from snakeshard.core.shard_files import MERGE_LOG
 from snakeshard.errors import ERROR_PREFIX, MAX_LISTED
 from snakeshard.train.stage import training_state
 from snakeshard.workflow.job import INTERRUPTED, RERUN, STOPPED, canary_log_head
-from snakeshard.workflow.parse import FINGERPRINT_DEFAULTS, counted_records, stage_changes, stage_sets
+from snakeshard.workflow.parse import (CANARY_DIR, FINGERPRINT_DEFAULTS, counted_records, set_dir, stage_changes,
+                                       stage_sets)
 from snakeshard.workflow.run_lock import DEAD_RUN_LOCK, dead_run_lock
 from snakeshard.workflow.train_config import model_source
 
@@ -240,6 +244,64 @@ def first_newer(inputs, output) -> str | None:
     return None
 
 
+def slurm_queue(newest_logs: int = 5) -> dict[str, tuple[str, str, str]]:
+    """The jobs SLURM holds for this project's recent runs: the plugin's job comment (``rule_<rule>`` and
+    ``_wildcards_<values>``) -> (job id, state, reason). The runs are those of the newest Snakemake logs here that
+    name a ``SLURM run ID`` (the plugin names each job by it); {} without one, or when ``squeue`` is not installed
+    or does not answer. A shard that waits in the queue otherwise showed as pending or stale (an HPC user's trial)."""
+    runs = []
+    for path in sorted(Path(".snakemake/log").glob("*.snakemake.log"))[-newest_logs:]:
+        with open(path, errors="replace") as log:
+            runs += [m.group(1) for _, line in zip(range(60), log) if (m := SLURM_RUN_ID.search(line))]
+    if not runs:
+        return {}
+    import subprocess
+
+    try:
+        out = subprocess.run(["squeue", "--noheader", "--name", ",".join(runs), "--format", "%i|%T|%r|%k"],
+                             capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    jobs = [line.split("|", 3) for line in out.splitlines() if line.count("|") >= 3]
+    return {comment: (job, state, reason) for job, state, reason, comment in jobs}
+
+
+SLURM_RUN_ID = re.compile(r"SLURM run ID: (\S+)")  # the plugin's line at the start of a run
+
+
+def queued_state(queue: dict, comment: str) -> tuple[str, str] | None:
+    """(queued or running, the SLURM job) of the job with ``comment`` in ``queue`` (slurm_queue), or None."""
+    if comment not in queue:
+        return None
+    job, state, reason = queue[comment]
+    if state == "PENDING":
+        return "queued", f"in SLURM job {job}, pending ({reason})"
+    return "running", f"in SLURM job {job} ({state})"
+
+
+def shard_job_comment(wf, stage: str, ds: str, shard: int) -> str:
+    """The SLURM plugin's comment on the job that runs ``shard``: its rule (shard.smk) and wildcard values, the
+    dataset and the shard or, with ``shards_per_job``, its group's first and last shard."""
+    group = re.search(r"/jobs/shards\.(\d+)-(\d+)\.done$", wf.shard_job_files(stage, ds, shard)[1])
+    return f"rule_shard_{stage}_wildcards_" + "_".join([ds, *(group.groups() if group else [str(shard)])])
+
+
+def leftover_dirs(wf) -> list[str]:
+    """Dirs in the output dir that no stage or dataset of the config writes: one removed from the config or
+    renamed (an HPC user's trial: nothing said so). Snakemake neither reads nor removes them."""
+    owned = {Path(set_dir(wf.config, stage, ds)) for stage, ds in stage_sets(wf.config)}
+    owned |= {Path(training["dir"]) for training in wf.trainings.values()}
+    stage_dirs = {path.parent for path in owned}
+    left = []
+    for top in sorted(Path(wf.out).iterdir()) if Path(wf.out).is_dir() else []:
+        if top.is_dir() and top not in stage_dirs:
+            left.append(f"{top}/")
+        elif top.is_dir():  # a stage's: its sets, its logs and its canaries' dirs
+            left += [f"{sub}/" for sub in sorted(top.iterdir()) if sub.is_dir() and sub not in owned
+                     and sub.name != "logs" and not sub.name.startswith(CANARY_DIR)]
+    return left
+
+
 def snakemake_command() -> str:
     """``snakemake`` with the profile of this project's last run (its Snakemake log's ``Command:`` line), else its
     local profile (``snakeshard init`` writes profiles/local; this repository keeps config/profiles/local), as a
@@ -266,7 +328,11 @@ def last_run_profile() -> str | None:
 def print_status(wf) -> None:
     """Every set's shards (config order, as `snakeshard plan` lists them), its canary and merge, every training,
     a summary of the states, and a note when a dead driver's lock would stop the next run."""
+    queue = slurm_queue()
     trainings = {stage: training_state(training) for stage, training in wf.trainings.items()}
+    for stage, (state, _) in trainings.items():
+        if state != "done" and (queued := queued_state(queue, f"rule_train_{stage}")):
+            trainings[stage] = queued
     remade: dict = {}
     counts: dict[str, int] = {}
     canaries_told: set[str] = set()
@@ -300,6 +366,8 @@ def print_status(wf) -> None:
             elif deleted and newer_than_merge(base, [str(shard_dir / ATTEMPT_FILE)]) is None:  # not started since
                 state, detail = "pending", ("done deleted after the merge; the next run redoes it, as it makes the "
                                             "merge again")
+            if state != "done" and (queued := queued_state(queue, shard_job_comment(wf, stage, ds, n))):
+                state, detail = queued
             counts[state] = counts.get(state, 0) + 1
             items = f"{shard['items']:>7} item{'s' if shard['items'] != 1 else ' '}"
             print(f"  split.{n:<5} {state:<10} {items}  {detail if state != 'failed' else ''}".rstrip())
@@ -314,6 +382,10 @@ def print_status(wf) -> None:
         counts[state] = counts.get(state, 0) + 1
         print(f"stage {stage} (training), dataset {wf.config['stages'][stage]['train']}: {state}  {detail}".rstrip())
     print("summary: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    if left := leftover_dirs(wf):
+        print(f"note: {listing(len(left), left[:MAX_LISTED])}: of no stage or "
+              "dataset in the config (removed or renamed?); snakemake neither reads nor removes "
+              f"{'them' if len(left) > 1 else 'it'}: rm -r when no longer needed")
     if dead_run_lock(os.getcwd(), os.getpid()):  # a trial: status said the run resumes, and it stopped on the lock
         print(f"note: {DEAD_RUN_LOCK}: the next run stops with Snakemake's LockException. If none runs here on "
               f"another machine either: {snakemake_command()} --unlock")
