@@ -213,6 +213,28 @@ def test_status_notes_the_output_of_a_stage_or_dataset_the_config_no_longer_has(
     assert "note: results/upper/: of no stage" in run_cli(toy_workdir, "status").stdout
 
 
+def test_editing_a_module_of_the_project_that_the_runner_imports_reruns_the_stage_naming_it(toy_workdir):
+    """A module of the project's, imported by the stage's module (here in a function body, from a package), counts
+    in the code fingerprint (a researcher's trial: a model moved into its own module was edited, and nothing
+    retrained); its comments do not, nor do installed packages (snakeshard, which toy.py imports, is not listed)."""
+    (toy_workdir / "toyext").mkdir()
+    (toy_workdir / "toyext/__init__.py").write_text("")
+    helper = toy_workdir / "toyext/shout.py"
+    helper.write_text("def shout(text):\n    return text.upper()\n")
+    module = toy_workdir / "toy.py"
+    module.write_text(module.read_text() + "\n\ndef _shout():\n    from toyext.shout import shout\n    return shout\n")
+    assert run_snakemake(toy_workdir).returncode == 0
+    helper.write_text("# a comment\ndef shout(text):  # upper case\n    return text.upper()\n")
+    assert "summary: 4 done" in run_cli(toy_workdir, "status").stdout
+    helper.write_text("def shout(text):\n    return text.upper() + '!'\n")
+    status = run_cli(toy_workdir, "status").stdout
+    assert re.search(r"split\.0 +stale +10 items +changed since it ran: the stage: code\.provider: toyext/shout\.py "
+                     r"\(a module of the project that it imports\); code\.runner: toyext/shout\.py \(a module of "
+                     r"the project that it imports\)\n", status), status
+    dry = run_snakemake(toy_workdir, "-n")
+    assert dry.returncode == 0 and re.search(r"^shard_upper +4$", dry.stdout, re.M), dry.stdout
+
+
 def test_status_names_what_in_the_stage_changed_since_a_shard_ran(toy_workdir):
     """A stale shard's line names the stage's change, as a refused training resume does (a user trial: it said
     "the stage's config, model files or code" whatever changed): a provider_config value with both values, an

@@ -333,6 +333,8 @@ def test_training_stopped_by_scancel_signal_term_and_by_its_time_limit_resumes_t
             time.sleep(0.2)
         job = _training_job_id(wd)
         assert job is not None and driver.poll() is None, "the training job ended before it could be signalled"
+        status = next(line for line in run_cli(wd, "status").stdout.splitlines() if "(training)" in line)
+        assert re.search(rf": running  in SLURM job {job} \(RUNNING\); \d+ steps logged", status), status
         subprocess.run(["scancel", "--signal=TERM", job], check=True)
         out, _ = driver.communicate(timeout=400)
     finally:

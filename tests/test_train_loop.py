@@ -219,12 +219,11 @@ def test_changed_config_is_refused_naming_the_key_and_restart_starts_clean(tmp_p
     assert result.resumed_from is None and result.step == 2
 
 
-def test_a_misspelt_score_name_fails_at_the_first_epochs_end_and_its_fix_resumes_that_run(tmp_path):
-    """User trial 10: `score: {name: accuracy}` fails where the first epoch ends (evaluate_step gives 'acc'); the
-    fixed config was then refused as another config's unfinished run, and a whole epoch (hours, on real data) was
-    trained again after an rm -r. No score is taken before an epoch ends, so that run's steps are the fixed
-    config's: it resumes, and ends with an uninterrupted run's weights. A score change after an epoch ended (a
-    score was taken) is still refused."""
+def test_a_misspelt_score_name_fails_before_the_first_step_and_its_fix_trains_as_an_uninterrupted_run(tmp_path):
+    """User trial 10: `score: {name: accuracy}` failed where the first epoch ended (evaluate_step gives 'acc'), a
+    whole epoch later. One valid batch is now evaluated before the first step: the misspelt name fails there, no
+    step taken, nothing written to resume; the fixed config then trains as an uninterrupted run. A score change
+    after an epoch ended (a score was taken) is refused."""
     from snakeshard.errors import ContractError
     from snakeshard.train import ResumeRefused, train
     from train_toy import ToyRunner
@@ -236,17 +235,18 @@ def test_a_misspelt_score_name_fails_at_the_first_epochs_end_and_its_fix_resumes
                                             r"evaluate_step: it gave \['acc', 'loss'\]"):
         train(ToyRunner, env, tk[:64], vk[:16], {**config, "score": {"name": "accuracy"}}, tmp_path / "a",
               fingerprint="f1", inputs={"provider_config": {"lr": 0.01}})
+    assert (tmp_path / "a/steps.jsonl").read_text() == "" and not (tmp_path / "a/checkpoints/latest.pt").exists()
     env, tk, vk = _toy()
-    resumed = train(ToyRunner, env, tk[:64], vk[:16], good, tmp_path / "a", fingerprint="f2",
-                    inputs={"provider_config": {"lr": 0.01}})
-    assert resumed.resumed_from is not None and resumed.step == 8 and resumed.best_epoch is not None
+    fixed = train(ToyRunner, env, tk[:64], vk[:16], good, tmp_path / "a", fingerprint="f2",
+                  inputs={"provider_config": {"lr": 0.01}})
+    assert fixed.resumed_from is None and fixed.step == 8 and fixed.best_epoch is not None
     env, tk, vk = _toy()
     whole = train(ToyRunner, env, tk[:64], vk[:16], good, tmp_path / "b", fingerprint="f2",
                   inputs={"provider_config": {"lr": 0.01}})
     for name in ("latest.pt", "best.pt"):
         got, want = (torch.load(tmp_path / run / "checkpoints" / name, weights_only=False) for run in ("a", "b"))
         assert all(torch.equal(got["model"][k], want["model"][k]) for k in want["model"]), name
-    assert (whole.step, whole.best_epoch, whole.best_score) == (resumed.step, resumed.best_epoch, resumed.best_score)
+    assert (whole.step, whole.best_epoch, whole.best_score) == (fixed.step, fixed.best_epoch, fixed.best_score)
     # once an epoch has been scored, another score config is another run: refused
     ck = torch.load(tmp_path / "b/checkpoints/latest.pt", weights_only=False)
     ck["progress"]["finished"] = False  # as if stopped after its epochs' ends, before the run's end
@@ -260,7 +260,9 @@ def test_a_misspelt_score_name_fails_at_the_first_epochs_end_and_its_fix_resumes
 def test_early_stopping_with_patience_and_best_pt(tmp_path):
     from snakeshard.train import TorchRunner, train
 
-    scores = [0.5, 0.7, 0.6, 0.65, 0.9, 0.95]  # best at epoch 1; epochs 2 and 3 worse: patience 2 stops after 3
+    # the first call: the check of one valid batch before training (its value is not a score); then best at
+    # epoch 1, epochs 2 and 3 worse: patience 2 stops after 3
+    scores = [None, 0.5, 0.7, 0.6, 0.65, 0.9, 0.95]
     snapshots = []
 
     class Scripted(TorchRunner):
@@ -278,15 +280,15 @@ def test_early_stopping_with_patience_and_best_pt(tmp_path):
     result = train(Scripted, env, tk[:64], vk[:4], {"epochs": 6, "batch_size": 64, "score":
                    {"name": "acc", "mode": "max", "patience": 2}}, tmp_path)
     assert (result.epoch, result.stopped_early, result.best_epoch, result.best_score) == (4, True, 1, 0.7)
-    assert len(snapshots) == 4
+    assert len(snapshots) == 5
     best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=False)
     assert best["progress"]["best_epoch"] == 1
-    assert all(torch.equal(best["model"][k], snapshots[1][k]) for k in snapshots[1])
-    assert not all(torch.equal(best["model"][k], snapshots[3][k]) for k in snapshots[3])
+    assert all(torch.equal(best["model"][k], snapshots[2][k]) for k in snapshots[2])
+    assert not all(torch.equal(best["model"][k], snapshots[4][k]) for k in snapshots[4])
     # a rerun of the finished run trains nothing more
     again = train(Scripted, env, tk[:64], vk[:4], {"epochs": 6, "batch_size": 64, "score":
                   {"name": "acc", "mode": "max", "patience": 2}}, tmp_path)
-    assert again.step == result.step and len(snapshots) == 4
+    assert again.step == result.step and len(snapshots) == 5
 
 
 def test_contract_errors_name_the_runner_step_and_keys(tmp_path):
@@ -331,15 +333,55 @@ def test_a_failing_step_names_every_key_of_its_batch_and_evaluation_says_after_w
 
         @staticmethod
         def evaluate_step(batch, *, model, table):
-            raise RuntimeError("evaluation broke")
+            if set(batch) & broken:
+                raise RuntimeError("evaluation broke")
+            return {"loss": model(torch.stack([table[k][0] for k in batch])).pow(2).mean()}
 
     env, tk, vk = _toy()
+    broken = set(vk[4:8])  # valid batch 1: not the one evaluated before the first step
     with pytest.raises(StepFailed) as failed:
         train(BadKey, env, tk[:16], (), {"batch_size": 8, "seed": 0}, tmp_path / "a")
     named = [k for k in tk[:16] if repr(k) in str(failed.value)]
     assert len(named) == 8 and "utt0007" in named and "more" not in str(failed.value), str(failed.value)
-    with pytest.raises(StepFailed, match=r"BadKey\.evaluate_step failed after step 2 \(epoch 0, batch 0\)"):
-        train(BadKey, env, tk[8:16], vk[:4], {"batch_size": 4}, tmp_path / "b")
+    with pytest.raises(StepFailed, match=r"BadKey\.evaluate_step failed after step 2 \(epoch 0, batch 1\)"):
+        train(BadKey, env, tk[8:16], vk[:8], {"batch_size": 4}, tmp_path / "b")
+
+
+def test_evaluate_step_runs_on_one_valid_batch_before_training_so_a_bug_there_costs_no_epoch(tmp_path):
+    """A researcher's trial: a bug in evaluate_step showed after a whole epoch, and the fixed code could not resume
+    it. One valid batch is evaluated before the first step: the bug fails the run there, with no step taken. That
+    check leaves the run as it was: its RNG states are put back (its evaluate_step draws random numbers here), so
+    one epoch with valid keys ends with the weights of one without them."""
+    from snakeshard.train import TorchRunner, train
+    from snakeshard.train.loop import StepFailed
+    from train_toy import ToyRunner
+
+    class BrokenEval(ToyRunner):
+        @staticmethod
+        def evaluate_step(batch, *, model, table):
+            return {"f1": undefined_name}  # noqa: F821 (the bug)
+
+    class DrawingEval(ToyRunner):
+        @staticmethod
+        def evaluate_step(batch, *, model, table):
+            torch.rand(1000)  # draws from torch's RNG, which train_step's augmentation uses too
+            return ToyRunner.evaluate_step(batch, model=model, table=table)
+
+    env, tk, vk = _toy()
+    with pytest.raises(StepFailed, match=r"BrokenEval\.evaluate_step failed before step 1 \(one valid batch is "
+                                         r"evaluated before training, so that a bug there costs no epoch\) \(epoch 0, "
+                                         r"batch 0\) on keys .*NameError: name 'undefined_name' is not defined"):
+        train(BrokenEval, env, tk[:32], vk[:8], {"batch_size": 8}, tmp_path / "broken")
+    assert (tmp_path / "broken/steps.jsonl").read_text() == ""
+    assert issubclass(DrawingEval, TorchRunner)
+    config = {"epochs": 1, "batch_size": 8, "seed": 5}
+    env, tk, vk = _toy()
+    train(DrawingEval, env, tk[:32], vk[:8], config, tmp_path / "valid")
+    env, tk, vk = _toy()
+    train(DrawingEval, env, tk[:32], (), config, tmp_path / "none")
+    got, want = (torch.load(tmp_path / run / "checkpoints/latest.pt", weights_only=False)["model"]
+                 for run in ("valid", "none"))
+    assert all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_a_runner_without_evaluate_step_is_refused_before_the_first_step_when_there_are_valid_keys(tmp_path):

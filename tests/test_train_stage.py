@@ -458,13 +458,16 @@ def test_bad_inputs_fail_the_training_job_naming_what_and_where_and_keep_what_wa
     assert "add stats: {from_stage: <a collect-stats stage>, dataset: <its dataset>}" in line
     set_training(wd, stats={"from_stage": "stats", "dataset": "feats_train"})
 
-    # the model takes 2 x 40 inputs, the fbank stage gives 20 bins: the first step names keys and shapes
+    # the model takes 2 x 40 inputs, the fbank stage gives 20 bins: the evaluation of one valid batch before the
+    # first step names keys and shapes (a researcher's trial: a bug in evaluate_step cost the first epoch)
     set_training(wd, num_mel_bins=40)
     result = run_snakemake(wd, TRAIN_TARGET)
     line = error_line(result)
-    assert "tones.TonesRunner.train_step failed at step 1 (epoch 0, batch 0) on keys ['train-" in line
-    assert line.count("'train-") == 8 and "more" not in line  # every key of the batch of 8, the bad one among them
+    assert ("tones.TonesRunner.evaluate_step failed before step 1 (one valid batch is evaluated before training, so "
+            "that a bug there costs no epoch) (epoch 0, batch 0) on keys ['valid-") in line
+    assert line.count("'valid-") == 8 and "more" not in line  # every key of the batch of 8, the bad one among them
     assert "mat1 and mat2 shapes cannot be multiplied (8x40 and 80x32)" in line
+    assert (wd / TRAINED / "steps.jsonl").read_text() == ""  # no step taken
     fbank_made = fbank_log.stat().st_mtime
     set_training(wd, num_mel_bins=20)
 
@@ -475,7 +478,21 @@ def test_bad_inputs_fail_the_training_job_naming_what_and_where_and_keep_what_wa
     assert "train_step: loss nan at step" in line and "'train-2-005'" in line and "skip_nonfinite: true" in line
     assert int(re.search(r"loss nan at step (\d+)", line)[1]) > 2  # checkpointed before (interval 2)
     assert (wd / TRAINED / "checkpoints/latest.pt").exists()
+    # status: the failure, and what the next run does with the config and code as they are now (a researcher's
+    # trial: after a fix of the code, the failure alone, and the next run was refused)
+    def training_status() -> str:
+        return next(line for line in run_cli(wd, "status").stdout.splitlines() if "(training)" in line)
+
+    module = wd / "tones.py"
+    source = module.read_text()
+    module.write_text(source + "\n\ndef helper():\n    return 1\n")
+    status = training_status()
+    assert ": failed  " in status and "loss nan at step" in status, status
+    assert "; the next run is refused: " in status and "code.runner (its source code)" in status, status
+    module.write_text(source)
     set_training(wd, skip_nonfinite=True)
+    assert re.search(r": failed  .*loss nan at step .*; the next run resumes from \S+ \(step \d+\)$",
+                     training_status())
     assert run_snakemake(wd, TRAIN_TARGET).returncode == 0
     assert ("written under another config, resumed as this one's: skip_nonfinite was off"
             in (wd / TRAINED / "logs/train.log").read_text())

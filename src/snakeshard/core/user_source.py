@@ -387,16 +387,112 @@ def _parse(source_path: str, where: str):
     return _PARSED[key]
 
 
-def source_digest(path: str, where: str) -> str | None:
-    """Digest of the module that defines ``path`` (a ``module.Class``), found and parsed without importing it.
-
-    The syntax tree, not the bytes: editing a comment or reformatting reruns nothing, editing code
-    does. Only that module's own file counts, not the modules it imports. None without Python source.
-    """
+def source_digest(path: str, where: str) -> str | dict | None:
+    """Digest of the module that defines ``path`` (a ``module.Class``), found and parsed without importing it,
+    and of the project's own modules it imports (project_modules): then ``{"source": ..., "imports": {file:
+    ...}}``. The syntax trees, not the bytes: editing a comment or reformatting reruns nothing, editing code
+    does (a researcher's trial: a model moved into its own module was edited, and nothing retrained). None
+    without Python source."""
     import ast
 
     origin = _locate(path, where)[2]
-    return digest(ast.dump(_parse(origin, where))) if origin else None
+    if origin is None:
+        return None
+    own = digest(ast.dump(_parse(origin, where)))
+    imports = {name: digest(ast.dump(_parse(file, where))) for name, file in project_modules(origin, where).items()}
+    return {"source": own, "imports": imports} if imports else own
+
+
+def code_change(key: str) -> str:
+    """A changed code digest's dotted key (fingerprint.differences over source_digest's values) in words."""
+    role, _, part = key.removeprefix("code.").partition(".")
+    if part.startswith("imports."):
+        return f"code.{role}: {part.removeprefix('imports.')} (a module of the project that it imports)"
+    if part == "imports":
+        return f"code.{role} (the modules of the project that it imports)"
+    return f"code.{role} (its source code)"
+
+
+def project_modules(origin: str, where: str) -> dict[str, str]:
+    """The project's own modules that the module in ``origin`` imports, directly or through each other, at any
+    depth and wherever the import is (a function body too): name (the file under the working directory) ->
+    file. The project's: a file under the working directory, outside any site-packages (a venv kept in the
+    project is not its code) and not snakeshard's (its version counts in the stage fingerprint). Looked up with
+    ``find_spec`` for top-level names and by path below them, so nothing is imported."""
+    root = Path.cwd().resolve()
+    start = Path(origin).resolve()
+    if start.is_relative_to(SNAKESHARD_DIR):  # a built-in stage: snakeshard's version counts instead
+        return {}
+    found: dict[Path, None] = {start: None}
+    todo = [start]
+    while todo:
+        current = todo.pop()
+        for candidate in _imported_files(_parse(str(current), where), current):
+            if candidate not in found and _is_project_file(candidate, root):
+                found[candidate] = None
+                todo.append(candidate)
+    return {str(file.relative_to(root)): str(file) for file in sorted(found) if file != start}
+
+
+SNAKESHARD_DIR = Path(__file__).resolve().parents[1]
+
+
+def _is_project_file(file: Path, root: Path) -> bool:
+    return (file.is_relative_to(root) and not file.is_relative_to(SNAKESHARD_DIR)
+            and not {"site-packages", "dist-packages"} & set(file.parts))
+
+
+def _imported_files(tree, file: Path):
+    """The source files of the modules the statements ``import a.b`` and ``from a.b import c`` (``c`` being a
+    module or a name) and relative imports in ``tree`` name, as far as they exist."""
+    import ast
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield from _module_files(alias.name.split("."))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            parts = node.module.split(".")
+            yield from _module_files(parts)
+            for alias in node.names:
+                yield from _module_files([*parts, alias.name])
+        elif isinstance(node, ast.ImportFrom):  # relative: from the importing file's package
+            base = file.parent
+            for _ in range(node.level - 1):
+                base = base.parent
+            target = base.joinpath(*node.module.split(".")) if node.module else base
+            for path in (target, *(target / alias.name for alias in node.names)):
+                yield from _source_file(path)
+
+
+def _module_files(parts: list[str]):
+    """The source file of the module ``parts`` names: its top-level package by ``find_spec`` (which imports
+    nothing for a top-level name), the rest by path; nothing for a name that is not a module of source."""
+    if parts[0] == "snakeshard" or parts[0] in sys.builtin_module_names:
+        return
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError):
+        return
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return
+    path = Path(spec.origin).resolve()
+    for part in parts[1:]:
+        if path.name != "__init__.py":
+            break  # a name in a module, not a submodule
+        found = list(_source_file(path.parent / part))
+        if not found:
+            break
+        path = found[0]
+    yield path
+
+
+def _source_file(path: Path):
+    """``path``.py or ``path``/__init__.py, resolved, where one exists."""
+    for file in (path.with_name(path.name + ".py"), path / "__init__.py"):
+        if file.is_file():
+            yield file.resolve()
+            return
 
 
 def _top_level_names(tree) -> set[str] | _AnyName:

@@ -66,6 +66,7 @@ from pathlib import Path
 import snakeshard.train.rng as rng
 from snakeshard.core.fingerprint import differences
 from snakeshard.core.hooks import runner_name
+from snakeshard.core.user_source import code_change
 from snakeshard.errors import STAGE_KEY, ContractError, SnakeshardError
 from snakeshard.train.checkpoint import UNREADABLE, CheckpointManager, CheckpointWarning, read_checkpoint
 from snakeshard.train.numerics import settle_vector_math
@@ -135,17 +136,18 @@ def _config(config: dict | None) -> dict:
 def config_diff(old: dict, new: dict) -> list[str]:
     """``key: old -> new`` for each result-changing key that differs (dotted names where both sides are dicts:
     ``schedule.warmup_steps: 0 -> 100``; a dict set where there was none is shown whole)."""
-    return [f"{_diff_name(key)}: {a!r} -> {b!r}"
+    return [_diff_line(key, a, b)
             for key, a, b in differences({k: v for k, v in old.items() if k not in RESULT_NEUTRAL},
                                          {k: v for k, v in new.items() if k not in RESULT_NEUTRAL})]
 
 
-def _diff_name(key: str) -> str:
-    if key.startswith("sets."):  # a digest: say what it covers
+def _diff_line(key: str, a, b) -> str:
+    """A digest by what it covers, not its values (a researcher's trial: opaque hashes); a value with both sides."""
+    if key.startswith("sets."):
         return f"{key} (that set's keys, records, audio or upstream merge)"
     if key.startswith("code."):
-        return f"{key} (its source code)"
-    return DIFF_NAMES.get(key, key)
+        return code_change(key)
+    return f"{DIFF_NAMES.get(key, key)}: {a!r} -> {b!r}"
 
 
 def batch_order(seed: int, epoch: int, n: int) -> list[int]:
@@ -267,7 +269,9 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
         if first and resumed_from is not None:
             # Said now, not when training ends; and the lines before it again, as the job log is a new file when
             # Snakemake retries a job (a user trial found a resumed run's log starting at its 29th epoch).
-            print(f"resuming from {resumed_from}: step {p['step']}, epoch {p['epoch']}", file=sys.stderr, flush=True)
+            print(f"resuming from {resumed_from}: step {p['step']}, epoch {p['epoch']}"
+                  + (" (its epochs logged before it follow)" if on_line is not None and p["epoch"] else ""),
+                  file=sys.stderr, flush=True)
             if on_line is not None:
                 with open(log_path, "rb") as before:
                     for text in before:
@@ -275,6 +279,8 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
         meters = _meters_from(meters_state)
         if p["finished"]:
             return _result(p, manager, resumed_from)
+        if resumed_from is None and p["step"] == 0:
+            _check_evaluation(runner_cls, name, p, score, valid_batches, eval_kwargs, model, world)
 
         saved_step = None  # the step of the newest checkpoint this call wrote
 
@@ -652,7 +658,8 @@ def _train_batch(runner_cls, name: str, keys: list, train_kwargs: dict, p: dict,
             return None
         raise NonFiniteLoss(f"{name}.train_step: loss {loss.detach().tolist()} at step {p['step'] + 1} (epoch "
                             f"{p['epoch']}, batch {b}) on keys {keys}; set skip_nonfinite: true to skip such batches "
-                            "(a training stage's rerun resumes from this run's last checkpoint)")
+                            "(a training stage's rerun resumes from this run's newest checkpoint, or starts at step 0 "
+                            "without one)")
     with _step_context(name, "backward of train_step's loss", p, b, keys):
         (loss / window).backward()
     return {k: (v.detach() if hasattr(v, "detach") else v) for k, v in out.items()}
@@ -671,12 +678,8 @@ def _end_epoch(runner_cls, name, p, score, meters, valid_batches, eval_kwargs, m
         world.broadcast_tensors(list(model.buffers()))
         with torch.no_grad():
             for b in range(world.rank, len(valid_batches), world.size):
-                keys = valid_batches[b]
-                with _step_context(name, "evaluate_step", p, b, keys):
-                    out = runner_cls.evaluate_step(keys, **eval_kwargs)
-                if not isinstance(out, dict):
-                    raise ContractError(f"{name}.evaluate_step returned a {type(out).__name__}; a dict of meter values")
-                valid.update(out, n=len(keys))
+                valid.update(_evaluate(runner_cls, name, p, b, valid_batches[b], eval_kwargs),
+                             n=len(valid_batches[b]))
         if world.size > 1:
             valid = _merged(world.gather(valid.state()))
         model.train()
@@ -692,9 +695,7 @@ def _end_epoch(runner_cls, name, p, score, meters, valid_batches, eval_kwargs, m
         if split == "valid" and valid is None:
             raise SnakeshardError(f"{STAGE_KEY}score.split: 'valid' needs valid keys; there are none")
         source = valid if split == "valid" else meters
-        if score["name"] not in source:
-            raise ContractError(f"{STAGE_KEY}score.name {score['name']!r} is no meter of {name}."
-                                f"{'evaluate_step' if split == 'valid' else 'train_step'}: it gave {sorted(source)}")
+        _check_score_name(score, name, split, source)
         value = float(source[score["name"]].avg)
         old = p["best_score"]
         if old is None or (value > old if score["mode"] == "max" else value < old):
@@ -708,6 +709,42 @@ def _end_epoch(runner_cls, name, p, score, meters, valid_batches, eval_kwargs, m
     p["epoch"] += 1
     p["batch_pos"] = 0
     return best
+
+
+def _check_evaluation(runner_cls, name, p, score, valid_batches, eval_kwargs, model, world) -> None:
+    """evaluate_step on this rank's first valid batch before the first step, the RNG states put back after it (a
+    model in eval mode under no_grad changes nothing else): a bug in it, or a ``score.name`` it gives no meter of,
+    fails the run before any training, not after a whole epoch (a researcher's trial lost its first epoch so, and
+    the fixed code could not resume it: another code)."""
+    import torch
+
+    if not valid_batches or world.rank >= len(valid_batches):
+        return
+    states = rng.capture()
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = _evaluate(runner_cls, name, p, world.rank, valid_batches[world.rank], eval_kwargs)
+    finally:
+        model.train()
+        rng.restore(states)
+    if score is not None and (score["split"] or "valid") == "valid":
+        _check_score_name(score, name, "valid", out)
+
+
+def _evaluate(runner_cls, name: str, p: dict, b: int, keys: list, eval_kwargs: dict) -> dict:
+    """The meter values of evaluate_step over valid batch ``b``."""
+    with _step_context(name, "evaluate_step", p, b, keys):
+        out = runner_cls.evaluate_step(keys, **eval_kwargs)
+    if not isinstance(out, dict):
+        raise ContractError(f"{name}.evaluate_step returned a {type(out).__name__}; a dict of meter values")
+    return out
+
+
+def _check_score_name(score: dict, name: str, split: str, meters) -> None:
+    if score["name"] not in meters:
+        raise ContractError(f"{STAGE_KEY}score.name {score['name']!r} is no meter of {name}."
+                            f"{'evaluate_step' if split == 'valid' else 'train_step'}: it gave {sorted(meters)}")
 
 
 class StepFailed(SnakeshardError):
@@ -732,6 +769,8 @@ def _step_context(name: str, method: str, p: dict, batch: int, keys: list) -> No
         shown = keys[:MAX_KEYS_SHOWN] + ([f"... {more} more"] if more > 0 else [])
         # evaluation runs between steps: "after step 38", not the step that has not run yet
         when = f"after step {p['step']}" if method == "evaluate_step" else f"at step {p['step'] + 1}"
+        if method == "evaluate_step" and p["step"] == 0:
+            when = "before step 1 (one valid batch is evaluated before training, so that a bug there costs no epoch)"
         raise StepFailed(f"{name}.{method} failed {when} (epoch {p['epoch']}, batch {batch}) on "
                          f"keys {shown}: {type(e).__name__}: {e}") from e
 

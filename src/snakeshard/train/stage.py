@@ -300,9 +300,12 @@ def training_state(training: dict) -> tuple[str, str]:
               if line.startswith("snakeshard: error:")] if log.exists() else []
     # A refused resume is no failure once the config is back to the checkpoint's (a user trial: status still said
     # "failed" with the rm -r of the refusal): what the next run does is said below, from the checkpoint.
-    if errors and REFUSED not in errors[-1]:
-        return "failed", f"{where} (log {log}): {errors[-1]}"
     aside = (run_dir / PREVIOUS).is_dir()  # a finished run set aside, which the next run may take back
+    if errors and REFUSED not in errors[-1]:
+        # and what the next run does with the config and code as they are now (a researcher's trial fixed the bug,
+        # and status still showed the failure alone: the next run was refused, another code)
+        then = f"; the next run {next_run_of(training).sentence}" if steps or aside else ""
+        return "failed", f"{where} (log {log}): {errors[-1]}{then}"
     if done is not None:
         after = next_run_of(training) if steps or aside else None
         what = f" ({after.differs})" if after is not None and after.differs else ""

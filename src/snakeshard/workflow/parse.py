@@ -23,8 +23,8 @@ from snakeshard.core.plan import (AUTO, DEFAULT_SHARDING, ensure_plan, overlappi
 from snakeshard.core.shard_files import (CANARY_SPEC, FINGERPRINTS_FILE, KEYS_FILE, SET_SPEC, SHARD_FINGERPRINT,
                                          SHARD_ITEMS, read_fingerprints, read_shard_keys, shard_job_files)
 from snakeshard.core.user_source import (builtin_config_check, check_import_path, check_module_imports,
-                                         check_runner_source, provider_config_keys, provider_merge_options,
-                                         runner_default_sharding, source_digest)
+                                         check_runner_source, code_change, provider_config_keys,
+                                         provider_merge_options, runner_default_sharding, source_digest)
 from snakeshard.errors import ERROR_PREFIX, MAX_LISTED, NOTE_PREFIX, ConfigError, DataError, SnakeshardError
 from snakeshard.io.atomic import atomic_write_text, write_if_changed
 from snakeshard.io.writers import check_outputs_config
@@ -444,16 +444,17 @@ def stage_changes(set_dir: Path, old: str, new: str) -> list[str] | None:
     named = []
     for key, a, b in differences(history[old], history[new]):
         part = key.partition(".")[0]
-        if part in STAGE_DIGESTS:  # a digest: what it covers, not its values (code.runner, code.provider apart)
-            named.append(f"{key if part == 'code' else part} ({STAGE_DIGESTS[part]})")
+        if part == "code":  # a digest: what it covers, not its values (code.runner, code.provider apart)
+            named.append(code_change(key))
+        elif part in STAGE_DIGESTS:
+            named.append(f"{part} ({STAGE_DIGESTS[part]})")
         else:
             named.append(f"{key}: {a!r} -> {b!r}")
     return list(dict.fromkeys(named))
 
 
 # the digests in a stage's payload, in words
-STAGE_DIGESTS = {"code": "its source code",
-                 "trained_model": "its training stage's config, code or data changed: another model",
+STAGE_DIGESTS = {"trained_model": "its training stage's config, code or data changed: another model",
                  "model_files": "a model file named in provider_config: size or mtime"}
 
 

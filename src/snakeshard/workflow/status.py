@@ -244,9 +244,12 @@ def first_newer(inputs, output) -> str | None:
     return None
 
 
+SLURM_RUN_ID = re.compile(r"SLURM run ID: (\S+)")  # the plugin's line at the start of a run
+
+
 def slurm_queue(newest_logs: int = 5) -> dict[str, tuple[str, str, str]]:
-    """The jobs SLURM holds for this project's recent runs: the plugin's job comment (``rule_<rule>`` and
-    ``_wildcards_<values>``) -> (job id, state, reason). The runs are those of the newest Snakemake logs here that
+    """The jobs SLURM holds for this project's recent runs: the job comment plugin 2.8.0 sets (``rule_<rule>``
+    and ``_wildcards_<values>``) -> (job id, state, reason). The runs are those of the newest Snakemake logs here that
     name a ``SLURM run ID`` (the plugin names each job by it); {} without one, or when ``squeue`` is not installed
     or does not answer. A shard that waits in the queue otherwise showed as pending or stale (an HPC user's trial)."""
     runs = []
@@ -264,9 +267,6 @@ def slurm_queue(newest_logs: int = 5) -> dict[str, tuple[str, str, str]]:
         return {}
     jobs = [line.split("|", 3) for line in out.splitlines() if line.count("|") >= 3]
     return {comment: (job, state, reason) for job, state, reason, comment in jobs}
-
-
-SLURM_RUN_ID = re.compile(r"SLURM run ID: (\S+)")  # the plugin's line at the start of a run
 
 
 def queued_state(queue: dict, comment: str) -> tuple[str, str] | None:
@@ -330,9 +330,9 @@ def print_status(wf) -> None:
     a summary of the states, and a note when a dead driver's lock would stop the next run."""
     queue = slurm_queue()
     trainings = {stage: training_state(training) for stage, training in wf.trainings.items()}
-    for stage, (state, _) in trainings.items():
+    for stage, (state, detail) in trainings.items():  # its rule has no wildcards (train.smk)
         if state != "done" and (queued := queued_state(queue, f"rule_train_{stage}")):
-            trainings[stage] = queued
+            trainings[stage] = queued[0], "; ".join(filter(None, [queued[1], detail]))
     remade: dict = {}
     counts: dict[str, int] = {}
     canaries_told: set[str] = set()
