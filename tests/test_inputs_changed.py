@@ -438,3 +438,26 @@ def test_a_merged_file_deleted_after_the_merge_is_refused_then_merged_again(proj
     assert rerun(project) == set()
     assert merged(project) == expected_merged(project)
     assert "merged: yes, current" in status(project)
+
+
+def test_the_code_fingerprint_follows_the_projects_own_imports_and_no_installed_package(tmp_path, monkeypatch):
+    """Which modules a runner's code digest covers (the real run: test_first_contact's edit of an imported module):
+    the project's files its module imports, at the top or in a function, by `import a.b`, `from a import b` (b a
+    module) or `from a.b import Name`, through packages with or without __init__.py, and what those import in
+    turn; not an installed package (numpy), snakeshard, or a package in a venv kept inside the project."""
+    from snakeshard.core.user_source import project_modules
+
+    files = {"run.py": "import numpy\nimport snakeshard\nfrom models import gru\nfrom models.cnn import Net\n"
+                       "import vendored\n\ndef build():\n    from helpers import x\n",
+             "models/gru.py": "y = 1\n", "models/cnn.py": "import deep.inner\nclass Net: pass\n",
+             "deep/__init__.py": "", "deep/inner.py": "from . import sibling\n", "deep/sibling.py": "",
+             "helpers.py": "x = 1\n", ".venv/lib/python3.11/site-packages/vendored.py": "v = 1\n",
+             "unused.py": "u = 1\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path / ".venv/lib/python3.11/site-packages"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert sorted(project_modules(str(tmp_path / "run.py"), "stages.s.runner")) == [
+        "deep/__init__.py", "deep/inner.py", "deep/sibling.py", "helpers.py", "models/cnn.py", "models/gru.py"]

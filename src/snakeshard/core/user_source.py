@@ -18,6 +18,8 @@ from snakeshard.core.hooks import CLASS_HOOKS, ENV_HOOKS, STEP_METHODS, hook_sig
 from snakeshard.errors import ConfigError
 from snakeshard.moved import new_path
 
+SNAKESHARD_DIR = Path(__file__).resolve().parents[1]  # the package's own modules: its version counts, not them
+
 
 def check_import_path(path: str, where: str):
     """Fail early on a misspelt ``module.Class`` path without importing the (heavy) module itself.
@@ -434,9 +436,6 @@ def project_modules(origin: str, where: str) -> dict[str, str]:
     return {str(file.relative_to(root)): str(file) for file in sorted(found) if file != start}
 
 
-SNAKESHARD_DIR = Path(__file__).resolve().parents[1]
-
-
 def _is_project_file(file: Path, root: Path) -> bool:
     return (file.is_relative_to(root) and not file.is_relative_to(SNAKESHARD_DIR)
             and not {"site-packages", "dist-packages"} & set(file.parts))
@@ -474,17 +473,23 @@ def _module_files(parts: list[str]):
         spec = importlib.util.find_spec(parts[0])
     except (ImportError, ValueError):
         return
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+    if spec is None:
         return
-    path = Path(spec.origin).resolve()
-    for part in parts[1:]:
-        if path.name != "__init__.py":
-            break  # a name in a module, not a submodule
-        found = list(_source_file(path.parent / part))
-        if not found:
+    if spec.origin and spec.origin.endswith(".py"):
+        path = Path(spec.origin).resolve()
+    elif spec.submodule_search_locations:  # a package without __init__.py (a namespace package)
+        path = None
+    else:
+        return
+    dirs = ([Path(d) for d in spec.submodule_search_locations or ()] if path is None
+            else [path.parent] if path.name == "__init__.py" else [])
+    for part in parts[1:]:  # a name in a module (not a package) ends the walk: it is no submodule
+        found = next((file for folder in dirs for file in _source_file(folder / part)), None)
+        if found is None:
             break
-        path = found[0]
-    yield path
+        path, dirs = found, [found.parent] if found.name == "__init__.py" else []
+    if path is not None:
+        yield path
 
 
 def _source_file(path: Path):
