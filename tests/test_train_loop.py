@@ -343,7 +343,7 @@ def test_a_failing_step_names_every_key_of_its_batch_and_evaluation_says_after_w
         train(BadKey, env, tk[:16], (), {"batch_size": 8, "seed": 0}, tmp_path / "a")
     named = [k for k in tk[:16] if repr(k) in str(failed.value)]
     assert len(named) == 8 and "utt0007" in named and "more" not in str(failed.value), str(failed.value)
-    with pytest.raises(StepFailed, match=r"BadKey\.evaluate_step failed after step 2 \(epoch 0, batch 1\)"):
+    with pytest.raises(StepFailed, match=r"BadKey\.evaluate_step failed after step 2 \(epoch 0, valid batch 1\)"):
         train(BadKey, env, tk[8:16], vk[:8], {"batch_size": 4}, tmp_path / "b")
 
 
@@ -370,7 +370,7 @@ def test_evaluate_step_runs_on_one_valid_batch_before_training_so_a_bug_there_co
     env, tk, vk = _toy()
     with pytest.raises(StepFailed, match=r"BrokenEval\.evaluate_step failed before step 1 \(one valid batch is "
                                          r"evaluated before training, so that a bug there costs no epoch\) \(epoch 0, "
-                                         r"batch 0\) on keys .*NameError: name 'undefined_name' is not defined"):
+                                         r"valid batch 0\) on keys .*NameError: name 'undefined_name' is not defined"):
         train(BrokenEval, env, tk[:32], vk[:8], {"batch_size": 8}, tmp_path / "broken")
     assert (tmp_path / "broken/steps.jsonl").read_text() == ""
     assert issubclass(DrawingEval, TorchRunner)

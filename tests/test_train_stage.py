@@ -185,6 +185,7 @@ def test_train_infer_score_then_a_model_change_reruns_training_inference_and_sco
     shown = page[start:page.index("```", start)].splitlines()
     assert shown[1:3] == log.splitlines()[-2:]
     assert shown[3] == "$ snakeshard status | grep training" and shown[4] in status.splitlines()
+    assert "note:" not in status, status  # the training's sets' dirs are its own (a trial: valid's was "of no stage")
     # What status says of the inference and scoring after it when the model is not the current one (a user trial:
     # "merged: yes, current" while snakemake -n reran them): a loop option changed, and the training dir gone.
     epochs = read_config(wd)["stages"]["train"]["epochs"]
@@ -281,6 +282,10 @@ def test_kill_9_sigterm_and_a_corrupt_latest_pt_end_with_an_uninterrupted_runs_r
                      r"step-\d+\.pt instead$", log, re.M), log
     assert "CheckpointWarning" not in log and "manager.load_latest()" not in log, log
     assert "resuming from" in log and re.findall(r"^epoch (\d+) \(step", log, re.M) == ["0", "1", "2", "3"]
+    # the epochs of the run before the resume, printed again after its line, say so (a trial took them for new)
+    after = re.findall(r"^epoch \d+ \(step.*$", log[log.rindex("resuming from"):], re.M)
+    replayed = [line.endswith(" (logged before the resume)") for line in after]
+    assert replayed == sorted(replayed, reverse=True) and not replayed[-1], after
     assert_same_training(outputs(wd), want)
 
 
@@ -464,10 +469,13 @@ def test_bad_inputs_fail_the_training_job_naming_what_and_where_and_keep_what_wa
     result = run_snakemake(wd, TRAIN_TARGET)
     line = error_line(result)
     assert ("tones.TonesRunner.evaluate_step failed before step 1 (one valid batch is evaluated before training, so "
-            "that a bug there costs no epoch) (epoch 0, batch 0) on keys ['valid-") in line
+            "that a bug there costs no epoch) (epoch 0, valid batch 0) on keys ['valid-") in line
     assert line.count("'valid-") == 8 and "more" not in line  # every key of the batch of 8, the bad one among them
     assert "mat1 and mat2 shapes cannot be multiplied (8x40 and 80x32)" in line
     assert (wd / TRAINED / "steps.jsonl").read_text() == ""  # no step taken
+    status = next(line for line in run_cli(wd, "status").stdout.splitlines() if "(training)" in line)
+    assert status.endswith("shapes cannot be multiplied (8x40 and 80x32); the next run starts at step 0 (no "
+                           "checkpoint)"), status
     fbank_made = fbank_log.stat().st_mtime
     set_training(wd, num_mel_bins=20)
 
@@ -488,7 +496,8 @@ def test_bad_inputs_fail_the_training_job_naming_what_and_where_and_keep_what_wa
     module.write_text(source + "\n\ndef helper():\n    return 1\n")
     status = training_status()
     assert ": failed  " in status and "loss nan at step" in status, status
-    assert "; the next run is refused: " in status and "code.runner (its source code)" in status, status
+    assert "; the next run is refused: " in status and "the code differs (code.provider (its source code); " \
+        "code.runner (its source code))" in status, status
     module.write_text(source)
     set_training(wd, skip_nonfinite=True)
     assert re.search(r": failed  .*loss nan at step .*; the next run resumes from \S+ \(step \d+\)$",

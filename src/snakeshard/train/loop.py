@@ -269,13 +269,11 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
         if first and resumed_from is not None:
             # Said now, not when training ends; and the lines before it again, as the job log is a new file when
             # Snakemake retries a job (a user trial found a resumed run's log starting at its 29th epoch).
-            print(f"resuming from {resumed_from}: step {p['step']}, epoch {p['epoch']}"
-                  + (" (its epochs logged before it follow)" if on_line is not None and p["epoch"] else ""),
-                  file=sys.stderr, flush=True)
+            print(f"resuming from {resumed_from}: step {p['step']}, epoch {p['epoch']}", file=sys.stderr, flush=True)
             if on_line is not None:
                 with open(log_path, "rb") as before:
                     for text in before:
-                        on_line(json.loads(text))
+                        on_line({**json.loads(text), "replayed": True})  # said so (a trial: they read as new)
         meters = _meters_from(meters_state)
         if p["finished"]:
             return _result(p, manager, resumed_from)
@@ -538,8 +536,17 @@ def what_differs(ck: dict, cfg: dict, fingerprint: str, inputs: dict | None) -> 
     diff = config_diff(old, cfg) + config_diff(ck.get("inputs") or {}, inputs or {})
     if not diff and ck.get("fingerprint") == fingerprint:
         return None
-    return (f"the config differs ({'; '.join(diff)})" if diff else
+    return (f"{_what_kinds(diff)} ({'; '.join(diff)})" if diff else
             f"the inputs differ (fingerprint {ck.get('fingerprint')!r} in the checkpoint, {fingerprint!r} now)")
+
+
+def _what_kinds(diff: list[str]) -> str:
+    """What config_diff's lines are about, in words: "the config differs", "the code differs", "the config and
+    data differ" (a researcher's trial: a code change was said to be the config's)."""
+    kinds = [kind for kind, found in (("config", any(not d.startswith(("code.", "sets.")) for d in diff)),
+                                      ("code", any(d.startswith("code.") for d in diff)),
+                                      ("data", any(d.startswith("sets.") for d in diff))) if found]
+    return f"the {' and '.join(kinds)} differ{'s' if len(kinds) == 1 else ''}"
 
 
 def unscored_change(ck: dict, cfg: dict, inputs: dict | None) -> str | None:
@@ -771,7 +778,8 @@ def _step_context(name: str, method: str, p: dict, batch: int, keys: list) -> No
         when = f"after step {p['step']}" if method == "evaluate_step" else f"at step {p['step'] + 1}"
         if method == "evaluate_step" and p["step"] == 0:
             when = "before step 1 (one valid batch is evaluated before training, so that a bug there costs no epoch)"
-        raise StepFailed(f"{name}.{method} failed {when} (epoch {p['epoch']}, batch {batch}) on "
+        which = "valid batch" if method == "evaluate_step" else "batch"
+        raise StepFailed(f"{name}.{method} failed {when} (epoch {p['epoch']}, {which} {batch}) on "
                          f"keys {shown}: {type(e).__name__}: {e}") from e
 
 

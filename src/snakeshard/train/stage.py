@@ -256,7 +256,8 @@ def _batches(spec: dict, dataset, keys: list[str]) -> list[list[str]] | None:
 
 
 def _print_epoch(line: dict) -> None:
-    """An epoch's line of steps.jsonl, as the log shows it, and a step's skipped batches (``skip_nonfinite``)."""
+    """An epoch's line of steps.jsonl, as the log shows it, and a step's skipped batches (``skip_nonfinite``);
+    ``replayed``: a line of the run before a resume, printed again after its ``resuming from`` line."""
     for keys in line.get("skipped_nonfinite", ()):
         print(f"step {line['step']} (epoch {line['epoch']}): skipped a batch with a non-finite loss, keys {keys}",
               file=sys.stderr, flush=True)
@@ -267,7 +268,8 @@ def _print_epoch(line: dict) -> None:
         parts.append("valid " + _values(line["valid"]))
     if "score" in line:
         parts.append(f"score {line['score']:.6g}")
-    print("; ".join(parts), file=sys.stderr, flush=True)
+    print("; ".join(parts) + (" (logged before the resume)" if line.get("replayed") else ""), file=sys.stderr,
+          flush=True)
 
 
 def _values(values: dict) -> str:
@@ -304,8 +306,7 @@ def training_state(training: dict) -> tuple[str, str]:
     if errors and REFUSED not in errors[-1]:
         # and what the next run does with the config and code as they are now (a researcher's trial fixed the bug,
         # and status still showed the failure alone: the next run was refused, another code)
-        then = f"; the next run {next_run_of(training).sentence}" if steps or aside else ""
-        return "failed", f"{where} (log {log}): {errors[-1]}{then}"
+        return "failed", f"{where} (log {log}): {errors[-1]}; the next run {next_run_of(training).sentence}"
     if done is not None:
         after = next_run_of(training) if steps or aside else None
         what = f" ({after.differs})" if after is not None and after.differs else ""

@@ -290,7 +290,7 @@ def leftover_dirs(wf) -> list[str]:
     """Dirs in the output dir that no stage or dataset of the config writes: one removed from the config or
     renamed (an HPC user's trial: nothing said so). Snakemake neither reads nor removes them."""
     owned = {Path(set_dir(wf.config, stage, ds)) for stage, ds in stage_sets(wf.config)}
-    owned |= {Path(training["dir"]) for training in wf.trainings.values()}
+    owned |= {Path(keys).parent.parent for training in wf.trainings.values() for keys in training["keys"]}
     stage_dirs = {path.parent for path in owned}
     left = []
     for top in sorted(Path(wf.out).iterdir()) if Path(wf.out).is_dir() else []:
