@@ -7,7 +7,8 @@ batches=..., valid_batches=..., split_env=..., on_line=..., inputs=..., continue
 runs them in an order seeded by (seed, epoch); ``valid_batches`` likewise, run in their order. Without them,
 each epoch permutes the keys and cuts them into ``batch_size`` batches. ``split_env``: env entries for one split only (``{"train": {...}, "valid": {...}}``,
 e.g. each split's ``dataset``), given to that split's steps on top of ``env``. ``on_line``: called with each
-line written to steps.jsonl (a job's log prints the epochs' lines). ``inputs``: what ``fingerprint`` digests, in
+line written to steps.jsonl (a job's log prints the epochs' lines), and on a resume first with the lines before it,
+each with ``"replayed": True``. ``inputs``: what ``fingerprint`` digests, in
 words (a stage's provider config, datasets, code digests): a refused resume names the entries that differ.
 A checkpoint of a run that finished, under another config or fingerprint, is no run to resume: it is set aside in
 ``previous/`` (taken back when the config returns to it) and training starts over (the stage asked for a new model).
