@@ -50,8 +50,17 @@ def shard_job_files(base: str, shard: int, shards_per_job: int, num_shards: int,
     """(log, rule output) of the job running ``shard`` of the set in ``base`` (the rules in shard.smk): its own, or
     when its stage's jobs are ``grouped`` (its rule runs groups of shards: ``shards_per_job`` > 1 somewhere), its
     group's of ``shards_per_job``."""
-    if not grouped:
+    shards = shard_job_shards(shard, shards_per_job, num_shards, grouped)
+    if len(shards) == 1:
         return f"{base}/logs/split.{shard}.log", f"{base}/split.{shard}/done"
-    first = shard // shards_per_job * shards_per_job
-    last = min(first + shards_per_job, num_shards) - 1
+    first, last = shards
     return f"{base}/logs/shards.{first}-{last}.log", f"{base}/jobs/shards.{first}-{last}.done"
+
+
+def shard_job_shards(shard: int, shards_per_job: int, num_shards: int, grouped: bool) -> tuple[int, ...]:
+    """The shard wildcards of the job running ``shard`` (shard.smk): ``(shard,)``, or ``(first, last)`` of its
+    group when its stage's jobs are ``grouped``."""
+    if not grouped:
+        return (shard,)
+    first = shard // shards_per_job * shards_per_job
+    return first, min(first + shards_per_job, num_shards) - 1

@@ -451,10 +451,8 @@ def _imported_files(tree, file: Path):
             for alias in node.names:
                 yield from _module_files(alias.name.split("."))
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            parts = node.module.split(".")
-            yield from _module_files(parts)
-            for alias in node.names:
-                yield from _module_files([*parts, alias.name])
+            for alias in node.names:  # `c` a submodule, or a name: then the walk stops at a.b's own file
+                yield from _module_files([*node.module.split("."), alias.name])
         elif isinstance(node, ast.ImportFrom):  # relative: from the importing file's package
             base = file.parent
             for _ in range(node.level - 1):
@@ -467,8 +465,6 @@ def _imported_files(tree, file: Path):
 def _module_files(parts: list[str]):
     """The source file of the module ``parts`` names: its top-level package by ``find_spec`` (which imports
     nothing for a top-level name), the rest by path; nothing for a name that is not a module of source."""
-    if parts[0] == "snakeshard" or parts[0] in sys.builtin_module_names:
-        return
     try:
         spec = importlib.util.find_spec(parts[0])
     except (ImportError, ValueError):

@@ -21,7 +21,8 @@ from snakeshard.core.merge import UnreadableDone, read_done
 from snakeshard.core.plan import (AUTO, DEFAULT_SHARDING, ensure_plan, overlapping_shards, read_audio_files,
                                   sharding_mode, shards_per_job)
 from snakeshard.core.shard_files import (CANARY_SPEC, FINGERPRINTS_FILE, KEYS_FILE, SET_SPEC, SHARD_FINGERPRINT,
-                                         SHARD_ITEMS, read_fingerprints, read_shard_keys, shard_job_files)
+                                         SHARD_ITEMS, read_fingerprints, read_shard_keys, shard_job_files,
+                                         shard_job_shards)
 from snakeshard.core.user_source import (builtin_config_check, check_import_path, check_module_imports,
                                          check_runner_source, code_change, provider_config_keys,
                                          provider_merge_options, runner_default_sharding, source_digest)
@@ -793,3 +794,8 @@ class Workflow:
         """(log, output) of the job that runs ``shard``: its own, or its group's with ``shards_per_job``."""
         return shard_job_files(set_dir(self.config, stage, dataset), shard, self.jobs_k[stage, dataset],
                                self.num_shards(stage, dataset), self.grouped(stage))
+
+    def shard_job_shards(self, stage: str, dataset: str, shard: int) -> tuple[int, ...]:
+        """The shard wildcards of the job that runs ``shard``: ``(shard,)``, or its group's ``(first, last)``."""
+        return shard_job_shards(shard, self.jobs_k[stage, dataset], self.num_shards(stage, dataset),
+                                self.grouped(stage))

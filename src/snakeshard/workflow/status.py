@@ -252,10 +252,8 @@ def slurm_queue(newest_logs: int = 5) -> dict[str, tuple[str, str, str]]:
     and ``_wildcards_<values>``) -> (job id, state, reason). The runs are those of the newest Snakemake logs here that
     name a ``SLURM run ID`` (the plugin names each job by it); {} without one, or when ``squeue`` is not installed
     or does not answer. A shard that waits in the queue otherwise showed as pending or stale (an HPC user's trial)."""
-    runs = []
-    for path in sorted(Path(".snakemake/log").glob("*.snakemake.log"))[-newest_logs:]:
-        with open(path, errors="replace") as log:
-            runs += [m.group(1) for _, line in zip(range(60), log) if (m := SLURM_RUN_ID.search(line))]
+    runs = [m.group(1) for head in snakemake_log_heads(newest_logs) for line in head
+            if (m := SLURM_RUN_ID.search(line))]
     if not runs:
         return {}
     import subprocess
@@ -282,15 +280,15 @@ def queued_state(queue: dict, comment: str) -> tuple[str, str] | None:
 def shard_job_comment(wf, stage: str, ds: str, shard: int) -> str:
     """The SLURM plugin's comment on the job that runs ``shard``: its rule (shard.smk) and wildcard values, the
     dataset and the shard or, with ``shards_per_job``, its group's first and last shard."""
-    group = re.search(r"/jobs/shards\.(\d+)-(\d+)\.done$", wf.shard_job_files(stage, ds, shard)[1])
-    return f"rule_shard_{stage}_wildcards_" + "_".join([ds, *(group.groups() if group else [str(shard)])])
+    return f"rule_shard_{stage}_wildcards_" + "_".join([ds, *map(str, wf.shard_job_shards(stage, ds, shard))])
 
 
 def leftover_dirs(wf) -> list[str]:
     """Dirs in the output dir that no stage or dataset of the config writes: one removed from the config or
     renamed (an HPC user's trial: nothing said so). Snakemake neither reads nor removes them."""
     owned = {Path(set_dir(wf.config, stage, ds)) for stage, ds in stage_sets(wf.config)}
-    owned |= {Path(keys).parent.parent for training in wf.trainings.values() for keys in training["keys"]}
+    owned |= {Path(set_dir(wf.config, stage, ds))  # a training's sets: its train and valid keys
+              for stage in wf.trainings for ds in wf.config["stages"][stage]["datasets"]}
     stage_dirs = {path.parent for path in owned}
     left = []
     for top in sorted(Path(wf.out).iterdir()) if Path(wf.out).is_dir() else []:
@@ -314,15 +312,22 @@ def snakemake_command() -> str:
 
 def last_run_profile() -> str | None:
     """The ``--profile`` of the newest Snakemake log here (its header names the command), or None."""
-    logs = sorted(Path(".snakemake/log").glob("*.snakemake.log"))  # named by start time
-    if not logs:
-        return None
-    with open(logs[-1], errors="replace") as log:
-        for _, line in zip(range(30), log):
+    for head in snakemake_log_heads(1):
+        for line in head:
             if line.lstrip().startswith("Command:"):
                 found = re.search(r"--profile[= ](\S+)", line)
                 return found.group(1) if found else None
     return None
+
+
+def snakemake_log_heads(newest: int, lines: int = 60) -> list[list[str]]:
+    """The first ``lines`` lines of each of the ``newest`` Snakemake logs here (``.snakemake/log``, named by start
+    time), oldest first: the header that names the command and, on SLURM, the run's id."""
+    heads = []
+    for path in sorted(Path(".snakemake/log").glob("*.snakemake.log"))[-newest:]:
+        with open(path, errors="replace") as log:
+            heads.append([line for _, line in zip(range(lines), log)])
+    return heads
 
 
 def print_status(wf) -> None:
