@@ -199,7 +199,7 @@ def test_changed_config_is_refused_naming_the_key_and_restart_starts_clean(tmp_p
     with pytest.raises(ResumeRefused) as refused:  # a schedule where there was none: shown whole, not key by key
         train(ToyRunner, env, tk[:64], vk, {**config, "schedule": {"strategy": "cosine", "warmup_steps": 2}}, tmp_path,
               fingerprint="a", inputs={"provider_config": {"lr": 0.01}})
-    assert "the config differs (schedule: None -> {'strategy': 'cosine', 'warmup_steps': 2})" in str(refused.value)
+    assert "the config differs (schedule: not set -> {'strategy': 'cosine', 'warmup_steps': 2})" in str(refused.value)
     with pytest.raises(ResumeRefused, match=r"the config differs \(provider_config.lr: 0.01 -> 0.02\)"):
         train(ToyRunner, env, tk[:64], vk, config, tmp_path, fingerprint="b", inputs={"provider_config": {"lr": 0.02}})
     with pytest.raises(ResumeRefused, match="the inputs differ .*'a'.*'b'"):

@@ -161,7 +161,7 @@ def test_train_infer_score_then_a_model_change_reruns_training_inference_and_sco
     trained = wd / TRAINED
     spec = json.loads((trained / "train.json").read_text())
     done = json.loads((trained / "done").read_text())
-    assert done["fingerprint"] == spec["fingerprint"] and done["steps"] == 48 and done["epochs"] == 4
+    assert done["fingerprint"] == spec["fingerprint"] and done["steps"] == 48 and done["epochs"] == 4 and not done["stopped_early"]
     metrics = json.loads((trained / "metrics.json").read_text())
     assert [e["epoch"] for e in metrics["per_epoch"]] == [0, 1, 2, 3] and metrics["model_from"] == "best.pt"
     assert metrics["score"]["name"] == "acc" and metrics["score"]["best"] == max(e["score"] for e in metrics["per_epoch"])
@@ -206,7 +206,8 @@ def test_train_infer_score_then_a_model_change_reruns_training_inference_and_sco
     assert run_cli(wd, "status").stdout.count("merged: yes, current") == status.count("merged: yes")
     first_model = (trained / "model.pt").read_bytes()
     first_steps = (trained / "steps.jsonl").read_bytes()
-    set_training(wd, hidden=16)  # the model's config only
+    score = read_config(wd)["stages"]["train"]["score"]
+    set_training(wd, hidden=16, score={**score, "patience": 1})  # the model's config only (and a patience)
     dry = run_snakemake(wd, "-n")
     for rule in ("train_train", "shard_infer", "shard_score"):
         assert rule in dry.stdout
@@ -215,14 +216,19 @@ def test_train_infer_score_then_a_model_change_reruns_training_inference_and_sco
     result = run_snakemake(wd)
     assert result.returncode == 0, result.stderr[-3000:]
     log = (trained / "logs/train.log").read_text()
-    assert "a finished run of another config or data (the config differs (provider_config.hidden: 32 -> 16)); it " \
+    assert "a finished run of another config or data (the config differs (score.patience: not set -> 1; provider_config.hidden: 32 -> 16)); it " \
            f"is set aside in {TRAINED}/previous" in log
     assert json.loads((trained / "done").read_text())["fingerprint"] != done["fingerprint"]
     assert torch.load(trained / "model.pt", weights_only=False)["model"]["0.weight"].shape == (16, 40)
     assert sorted(p.name for p in (trained / "previous").iterdir()) == ["checkpoints", "steps.jsonl"]
+    # stopped by its patience: status says so (a user trial: it read like a run of all its epochs)
+    early = json.loads((trained / "done").read_text())
+    assert early["stopped_early"] is True and early["epochs"] < epochs, early
+    assert (f"(training), dataset feats_train: done  {early['steps']} steps, {early['epochs']} epochs (stopped early "
+            "by score.patience), best score ") in run_cli(wd, "status").stdout
     # Back to the first config (a reverted edit; a user trial retrained then): its finished run is taken back from
     # previous/, nothing is trained, and model.pt is the first one's, byte for byte; the hidden=16 run is aside now.
-    set_training(wd, hidden=32)
+    set_training(wd, hidden=32, score=score)
     assert "train_train" in run_snakemake(wd, "-n").stdout
     assert f"the next run takes back this config's finished run set aside in {TRAINED}/previous (step 48), " \
            "training nothing" in run_cli(wd, "status").stdout

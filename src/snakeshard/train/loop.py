@@ -148,7 +148,12 @@ def _diff_line(key: str, a, b) -> str:
         return f"{key} (that set's keys, records, audio or upstream merge)"
     if key.startswith("code."):
         return code_change(key)
-    return f"{DIFF_NAMES.get(key, key)}: {a!r} -> {b!r}"
+    return f"{DIFF_NAMES.get(key, key)}: {_shown(a)} -> {_shown(b)}"
+
+
+def _shown(value) -> str:
+    """A config value as a diff line shows it: a key left out (or null) is "not set", not Python's None."""
+    return "not set" if value is None else repr(value)
 
 
 def batch_order(seed: int, epoch: int, n: int) -> list[int]:

@@ -286,7 +286,9 @@ def training_state(training: dict) -> tuple[str, str]:
         done = None
     if done is not None and done.get("fingerprint") == training["fingerprint"]:
         best = f", best score {done['best_score']:.6g} (epoch {done['best_epoch']})" if done.get("best_score") is not None else ""
-        return "done", f"{done['steps']} steps, {done['epochs']} epochs{best}"
+        # a trial: a run that stopped early read like one that ran its epochs
+        early = " (stopped early by score.patience)" if done.get("stopped_early") else ""
+        return "done", f"{done['steps']} steps, {done['epochs']} epochs{early}{best}"
     steps_log = run_dir / "steps.jsonl"
     steps = sum(1 for line in steps_log.read_text().splitlines() if '"lr"' in line) if steps_log.exists() else 0
     history = sorted((int(p.stem.partition("-")[2]) for p in (run_dir / "checkpoints/history").glob("step-*.pt")),
