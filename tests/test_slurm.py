@@ -188,28 +188,34 @@ def test_scancel_of_a_running_shard_is_reported_and_rerun_recovers(toy_workdir):
     assert (toy_workdir / TOY / "text").read_text().splitlines() == [f"utt{i:03d} UTT{i:03d}" for i in range(40)]
 
 
-def test_status_names_the_slurm_job_of_each_queued_and_running_shard(toy_workdir):
+@pytest.mark.parametrize("per_job", [1, 2])
+def test_status_names_the_slurm_job_of_each_queued_and_running_shard(toy_workdir, per_job):
     """While a run's shard jobs wait in SLURM's queue, status says queued or running with the job id and squeue's
     reason (an HPC user's trial: shards in the queue showed as stale, with the cause of an earlier run), and a shard
-    whose job left the queue shows its state from disk again."""
-    # each shard job takes both CPUs of the one-node cluster: one runs, three wait
+    whose job left the queue shows its state from disk again. With shards_per_job 2, each shard is found in the job
+    of its group (its comment names the group's first and last shard)."""
+    # each shard job takes both CPUs of the one-node cluster: one runs, the others wait
     set_stage(toy_workdir, "upper", provider_config={"item_delay": 0.5}, fingerprint_ignore=["item_delay"],
-              resources={"cpus_per_task": 2}, canary=0)
+              resources={"cpus_per_task": 2}, canary=0, shards_per_job=per_job)
+    waiting = 4 // per_job - 1
     driver = subprocess.Popen(slurm_command(limit=300), cwd=toy_workdir,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=slurm_env())
     try:
         deadline = time.time() + 120
-        while time.time() < deadline:  # one shard running in SLURM, the others queued behind it
+        while time.time() < deadline:  # one job running in SLURM, the others queued behind it
             states = sorted(job.split()[1] for job in cluster_jobs() if "rule_shard_upper" in job)
-            if states == ["PENDING"] * 3 + ["RUNNING"]:
+            if states == ["PENDING"] * waiting + ["RUNNING"]:
                 break
             time.sleep(0.5)
-        assert states == ["PENDING"] * 3 + ["RUNNING"], cluster_jobs()
-        jobs = {job.split()[3].rsplit("_", 1)[1]: job.split()[0] for job in cluster_jobs()}  # shard -> job id
+        assert states == ["PENDING"] * waiting + ["RUNNING"], cluster_jobs()
+        jobs = {}  # shard -> job id, from the job's comment: ..._wildcards_toy_<shard> or ..._toy_<first>_<last>
+        for job in cluster_jobs():
+            shards = job.split()[3].split("_toy_")[1].split("_")
+            jobs.update({str(n): job.split()[0] for n in range(int(shards[0]), int(shards[-1]) + 1)})
         status = run_cli(toy_workdir, "status").stdout
         running = re.findall(r"^  split\.(\d)\s+running\s+10 items  in SLURM job (\d+) \(RUNNING\)$", status, re.M)
         queued = re.findall(r"^  split\.(\d)\s+queued\s+10 items  in SLURM job (\d+), pending \((\w+)\)$", status, re.M)
-        assert len(running) == 1 and len(queued) == 3, status
+        assert len(running) == per_job and len(queued) == 4 - per_job, status
         assert all(jobs[shard] == job for shard, job, *_ in running + queued), (jobs, status)
         assert {reason for *_, reason in queued} <= {"Resources", "Priority"}, status
     finally:
