@@ -372,7 +372,10 @@ def test_negative_control_a_resume_without_the_rng_states_is_caught(tmp_path, tm
     assert got["steps"] != want["steps"]
 
 
-def test_an_unfinished_run_whose_config_changed_is_refused_naming_it_and_starts_clean_when_asked(tmp_path):
+def test_an_unfinished_run_whose_config_changed_is_refused_naming_it_and_goes_on_or_starts_clean_when_asked(tmp_path):
+    """Refused, naming the change; resumed when the config goes back; with `snakeshard continue`, resumed under the
+    new config and recorded in metrics.json (a researcher's trial: a fix in the code cost the run's steps); or
+    started from step 0 after the refusal's rm -r."""
     wd = make_project(tmp_path / "p", step_delay=0.1)
     assert interrupt_at(wd, 10, signal.SIGKILL).returncode != 0
     set_training(wd, lr=0.02)
@@ -388,6 +391,7 @@ def test_an_unfinished_run_whose_config_changed_is_refused_naming_it_and_starts_
     assert "unfinished run of another config or data" in line and "provider_config.lr: 0.01 -> 0.02" in line
     assert "sets." not in line and "code." not in line  # the data and the code did not change: not named
     assert f"rm -r {TRAINED}/checkpoints {TRAINED}/steps.jsonl" in line
+    assert line.endswith("; or, to go on with that run's steps under this config and code: snakeshard continue train")
     # the refusal's way back: the old config resumes, and status says so (a user trial: it said "failed", with the
     # refusal's rm -r, after the config was back)
     set_training(wd, lr=0.01)
@@ -395,16 +399,60 @@ def test_an_unfinished_run_whose_config_changed_is_refused_naming_it_and_starts_
     # latest.pt, or the history file of its step when the kill -9 fell between the two writes (a CI run drew it)
     assert re.search(r": interrupted  .*checkpoint at step (\d+); the next run resumes from "
                      r"\S+/checkpoints/(latest\.pt|history/step-\1\.pt) \(step \1\)$", status), status
+    step = int(re.search(r"\(step (\d+)\)$", status).group(1))
+    # the other way: go on under the new config (the user's consent, kept in the run dir and in metrics.json)
     set_training(wd, lr=0.02)
-    subprocess.run(["rm", "-r", f"{TRAINED}/checkpoints", f"{TRAINED}/steps.jsonl"], cwd=wd, check=True)
+    said = run_cli(wd, "continue", "train")
+    assert said.returncode == 0, said.stderr
+    assert re.fullmatch(rf"stage train: the next run resumes from \S+ \(step {step}\) under the config and code as "
+                        r"they are now \(the config differs \(provider_config.lr: 0.01 -> 0.02\)\); recorded in "
+                        rf"{TRAINED}/continued.json\n", said.stdout), said.stdout
+    assert run_cli(wd, "continue", "train").stdout.startswith("stage train: nothing to accept: the next run resumes")
+    set_training(wd, lr=0.03)  # another edit since: refused again, until accepted again
+    assert "; the next run is refused: " in run_cli(wd, "status").stdout
+    set_training(wd, lr=0.02)
+    assert re.search(rf": interrupted  .*; the next run resumes from \S+ \(step {step}\)$",
+                     run_cli(wd, "status").stdout, re.M)
+    result = run_snakemake(wd, TRAIN_TARGET)
+    assert result.returncode == 0, result.stderr[-3000:]
+    reason = f"`snakeshard continue` accepted it at step {step} (the config differs (provider_config.lr: 0.01 -> 0.02))"
+    assert f"written under another config, resumed as this one's: {reason}" in (wd / TRAINED / "logs/train.log").read_text()
+    metrics = json.loads((wd / TRAINED / "metrics.json").read_text())
+    assert metrics["continued"] == [{"step": step, "reason": reason}] and metrics["steps"] == 48
+    finished = run_cli(wd, "continue", "train")
+    assert finished.returncode != 0 and "is a finished run's (step 48): there is no run to continue" in finished.stderr
+    assert run_cli(wd, "continue", "nope").stderr.strip().endswith(
+        "snakeshard continue nope: no training stage of that name in the config (training stages: train)")
+    # the refusal's rm -r: from step 0, and the consent in continued.json (for another checkpoint) is not used
+    subprocess.run(["rm", "-r", f"{TRAINED}/checkpoints", f"{TRAINED}/steps.jsonl", f"{TRAINED}/done"], cwd=wd,
+                   check=True)
     result = run_snakemake(wd, TRAIN_TARGET)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from" not in (wd / TRAINED / "logs/train.log").read_text()
+    assert json.loads((wd / TRAINED / "metrics.json").read_text())["continued"] == []
     # a finished training whose config changed since: status names the change, from its finished checkpoint
     set_training(wd, lr=0.03)
     status = next(line for line in run_cli(wd, "status").stdout.splitlines() if "(training)" in line)
     assert (": stale  trained with another config or data (the config differs (provider_config.lr: 0.02 -> 0.03)); "
             "snakemake trains again (") in status, status
+
+
+def test_snakeshard_continue_accepts_a_config_or_code_change_not_another_data_set_or_number_of_ranks():
+    """What `snakeshard continue` refuses, and the refusal's hint then left out: another set's keys (the epochs'
+    batch orders are over them) and another number of ranks (the checkpoint holds each rank's RNG states)."""
+    from snakeshard.train.consent import refusal_of_consent
+    from snakeshard.train.stage import consent_hint
+
+    code = "code.runner: tones.py (its source code)"
+    assert refusal_of_consent(["provider_config.lr: 0.01 -> 0.02", code]) is None
+    assert consent_hint("train", [code]) == ("; or, to go on with that run's steps under this config and code: "
+                                             "snakeshard continue train")
+    data = ["sets.feats_train (that set's keys, records, audio or upstream merge)", code]
+    assert refusal_of_consent(data) == ("the data differs (sets.feats_train): a run's batch orders are over its keys, "
+                                        "so its steps go on over the data they were written with only")
+    assert refusal_of_consent(["ranks: 1 -> 2"]) == ("the number of ranks differs: the checkpoint holds each rank's "
+                                                     "RNG states")
+    assert consent_hint("train", data) == consent_hint("train", ["ranks: 1 -> 2"]) == ""
 
 
 def test_the_training_spec_keeps_data_code_and_config_apart_so_a_refused_resume_names_the_one_that_changed(

@@ -134,6 +134,18 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_continue(args) -> int:
+    from snakeshard.errors import ConfigError
+    from snakeshard.train.consent import continue_training
+
+    wf = _workflow(args.config)
+    if args.stage not in wf.trainings:
+        raise ConfigError(f"snakeshard continue {args.stage}: no training stage of that name in the config "
+                          f"(training stages: {', '.join(wf.trainings) or 'none'})")
+    print(continue_training(args.stage, wf.trainings[args.stage]))
+    return 0
+
+
 def current_inputs(config_paths: list[str], set_dir: Path) -> str | None:
     """The inputs digest ``set_dir`` has under the project config (``config_paths``) now, from a parse as `status`
     makes (the data may have changed since the last one wrote fingerprints.json); None outside such a project."""
@@ -313,6 +325,13 @@ def build_parser():
                                        "and whether the merge is current")
     with_config(sp)
     sp.set_defaults(func=cmd_status)
+
+    sp = sub.add_parser("continue", help="let a training stage's unfinished run go on under the config and code as "
+                                         "they are now: its next run resumes the newest checkpoint instead of "
+                                         "refusing it (the change is kept in the run's metrics.json)")
+    sp.add_argument("stage", help="the training stage (its name under stages:)")
+    with_config(sp)
+    sp.set_defaults(func=cmd_continue)
 
     sp = sub.add_parser("wer", help="word (--cer: and character) error rate of a hypothesis text file against a "
                                     "reference (jiwer)")

@@ -61,7 +61,7 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import snakeshard.train.rng as rng
@@ -96,7 +96,12 @@ class TrainingInterrupted(SnakeshardError):
 
 
 class ResumeRefused(SnakeshardError):
-    """The checkpoint in run_dir was written by a run with another config or other inputs."""
+    """The checkpoint in run_dir was written by a run with another config or other inputs; ``diff``: config_diff's
+    lines of what differs (empty when only the fingerprint does)."""
+
+    def __init__(self, message: str, diff: list[str] = ()):
+        super().__init__(message)
+        self.diff = list(diff)
 
 
 class NonFiniteLoss(SnakeshardError):
@@ -112,9 +117,10 @@ class TrainResult:
     best_epoch: int | None     # the epoch (0-based) whose weights best.pt holds
     checkpoint: Path
     resumed_from: Path | None  # the checkpoint this call started from, None for a fresh start
+    continued: list = field(default_factory=list)  # {step, reason} of each resume the user accepted across a change
 
 
-def _config(config: dict | None) -> dict:
+def with_defaults(config: dict | None) -> dict:
     cfg = {**DEFAULTS, **(config or {})}
     unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:
@@ -192,15 +198,17 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
           run_dir: str | os.PathLike = ".", *, fingerprint: str = "", restart: bool = False,
           batches: list[list[str]] | None = None, valid_batches: list[list[str]] | None = None,
           split_env: dict | None = None, on_line=None, inputs: dict | None = None,
-          continues: dict[str, str] | None = None) -> TrainResult:
+          continues: dict[str, str] | None = None, accepted: dict[str, str] | None = None) -> TrainResult:
     """Train ``runner_cls``'s steps over ``train_keys`` in ``run_dir`` (checkpoints/, steps.jsonl), resuming from its
     latest checkpoint when that was written under ``fingerprint`` (this config and data), or under one of
-    ``continues``' fingerprints: other configs whose steps are this one's, each with the reason (train.stage)."""
+    ``continues``' fingerprints: other configs whose steps are this one's, each with the reason (train.stage); or
+    under one of ``accepted``'s: configs whose steps the user accepted as this one's though they differ (train.consent),
+    each with the reason, which the run's progress then keeps (``TrainResult.continued``)."""
     import torch
 
     settle_vector_math()  # before the first step (a training job settles it before the provider's build_env too)
 
-    cfg = _config(config)
+    cfg = with_defaults(config)
     world = World.current()
     if cfg["ranks"] is None:
         cfg["ranks"] = world.size
@@ -249,11 +257,15 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     p = {"step": 0, "epoch": 0, "batch_pos": 0, "best_score": None, "best_epoch": None, "bad_epochs": 0,
          "finished": False, "stopped_early": False}
     meters_state, log_bytes, resumed_from = None, 0, None
-    loaded = _resume_point(manager, cfg, fingerprint, inputs, run_dir, world, continues or {})
+    accepted = accepted or {}
+    loaded = _resume_point(manager, cfg, fingerprint, inputs, run_dir, world, {**(continues or {}), **accepted})
     if loaded is not None:
         ck, resumed_from = loaded
         _restore(ck, model, optimizer, scheduler, world.rank)
         p.update(ck["progress"])
+        if ck.get("fingerprint") in accepted and ck.get("fingerprint") != fingerprint:
+            # the run's record (metrics.json) says from which step on it went on under another config or code
+            p["continued"] = [*p.get("continued", []), {"step": p["step"], "reason": accepted[ck["fingerprint"]]}]
         meters_state, log_bytes = ck.get("meters"), ck["log_bytes"]
     ddp = None
     if world.size > 1:
@@ -478,7 +490,8 @@ def _leave_other_run(ck: dict, path: Path, what: str, cfg: dict, fingerprint: st
         print(f"{path}: a finished run of another config or data ({what}); it is set aside in {run_dir / PREVIOUS}",
               file=sys.stderr, flush=True)
         return _set_aside(run_dir, cfg, fingerprint, inputs)
-    raise ResumeRefused(f"{path} {REFUSED}: {what}. " + _refusal_fix(run_dir, cfg, fingerprint, inputs))
+    raise ResumeRefused(f"{path} {REFUSED}: {what}. " + _refusal_fix(run_dir, cfg, fingerprint, inputs),
+                        checkpoint_diff(ck, cfg, inputs))
 
 
 # A training run's dir holds one run of another config or data besides its own: the last finished one that a config
@@ -535,11 +548,16 @@ def _take_back(run_dir: Path, cfg: dict, fingerprint: str, inputs: dict | None) 
     return found[0], run_dir / "checkpoints" / "latest.pt"  # read once, where it was
 
 
-def what_differs(ck: dict, cfg: dict, fingerprint: str, inputs: dict | None) -> str | None:
-    """None when checkpoint ``ck`` was written under this config and data, else what differs, key by key."""
+def checkpoint_diff(ck: dict, cfg: dict, inputs: dict | None) -> list[str]:
+    """config_diff's lines between checkpoint ``ck``'s config and inputs and these."""
     # keys a checkpoint from before they existed lacks: what they meant then
     old = {"ranks": ck.get("world_size", 1), **ck.get("config", {})}
-    diff = config_diff(old, cfg) + config_diff(ck.get("inputs") or {}, inputs or {})
+    return config_diff(old, cfg) + config_diff(ck.get("inputs") or {}, inputs or {})
+
+
+def what_differs(ck: dict, cfg: dict, fingerprint: str, inputs: dict | None) -> str | None:
+    """None when checkpoint ``ck`` was written under this config and data, else what differs, key by key."""
+    diff = checkpoint_diff(ck, cfg, inputs)
     if not diff and ck.get("fingerprint") == fingerprint:
         return None
     return (f"{_what_kinds(diff)} ({'; '.join(diff)})" if diff else
@@ -594,6 +612,7 @@ class NextRun:
     sentence: str
     differs: str | None = None
     takes_back: str | None = None
+    refused_diff: list[str] | None = None  # when refused: config_diff's lines of what differs
 
 
 def next_run(run_dir: str | os.PathLike, config: dict, fingerprint: str, inputs: dict | None,
@@ -601,7 +620,7 @@ def next_run(run_dir: str | os.PathLike, config: dict, fingerprint: str, inputs:
     """For ``snakeshard status``: the decision ``train`` makes on ``run_dir``'s newest checkpoint (resume, start
     over, refuse), without its effects. Loads the checkpoint (torch: a second or two), so status asks only for an
     interrupted or stale stage."""
-    cfg = _config(config)
+    cfg = with_defaults(config)
     if cfg["ranks"] is None:  # as train() sets it in a job of one process
         cfg["ranks"] = 1
     run_dir = Path(run_dir)
@@ -628,7 +647,8 @@ def next_run(run_dir: str | os.PathLike, config: dict, fingerprint: str, inputs:
         back = take_back()
         return NextRun(f"{back or 'starts over'}: {path} is a finished run's of another config or data ({what}), "
                        f"set aside in {run_dir / PREVIOUS}", what, back)
-    return NextRun(f"is refused: {path} {REFUSED}: {what}. " + _refusal_fix(run_dir, cfg, fingerprint, inputs), what)
+    return NextRun(f"is refused: {path} {REFUSED}: {what}. " + _refusal_fix(run_dir, cfg, fingerprint, inputs), what,
+                   refused_diff=checkpoint_diff(ck, cfg, inputs))
 
 
 def _merged(states: list[dict]):
@@ -792,4 +812,4 @@ def _step_context(name: str, method: str, p: dict, batch: int, keys: list) -> No
 def _result(p: dict, manager: CheckpointManager, resumed_from) -> TrainResult:
     return TrainResult(step=p["step"], epoch=p["epoch"], stopped_early=p["stopped_early"],
                        best_score=p["best_score"], best_epoch=p["best_epoch"], checkpoint=manager.latest,
-                       resumed_from=resumed_from)
+                       resumed_from=resumed_from, continued=p.get("continued", []))

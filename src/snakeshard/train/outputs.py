@@ -31,7 +31,7 @@ def write_outputs(run_dir: Path, spec: dict, result) -> None:
     metrics = {"stage": spec["stage"], "steps": result.step,
                "epochs": result.epoch, "stopped_early": result.stopped_early, "model_from": source,
                "score": None if score is None else {**score, "best": result.best_score, "best_epoch": result.best_epoch},
-               "per_epoch": epochs}
+               "per_epoch": epochs, "continued": result.continued}
     atomic_write_text(run_dir / METRICS, json.dumps(metrics, indent=1, sort_keys=True) + "\n")
     draw_curve(lines, run_dir / CURVE, spec["stage"])
     atomic_write_json(run_dir / DONE, {"stage": spec["stage"], "fingerprint": spec["fingerprint"],

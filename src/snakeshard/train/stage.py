@@ -111,7 +111,8 @@ def run_training(spec: dict, run_dir: Path, *, world=None, device: str | None = 
     from snakeshard.core.devices import job_devices
     from snakeshard.core.fingerprint import result_inputs
     from snakeshard.core.user_code import import_object
-    from snakeshard.train.loop import TrainingInterrupted, train
+    from snakeshard.train.consent import consented
+    from snakeshard.train.loop import ResumeRefused, TrainingInterrupted, train
     from snakeshard.train.numerics import settle_vector_math
 
     settle_vector_math()  # before the provider's build_env can run torch on several threads
@@ -137,7 +138,10 @@ def run_training(spec: dict, run_dir: Path, *, world=None, device: str | None = 
     try:
         result = train(runner_cls, env, train_keys, valid_keys, spec["loop"], run_dir, fingerprint=spec["fingerprint"],
                        batches=batches, valid_batches=valid_batches, split_env=split_env, on_line=_print_epoch,
-                       inputs=result_inputs(spec), continues=continued_configs(spec))
+                       inputs=result_inputs(spec), continues=continued_configs(spec),
+                       accepted=consented(run_dir, spec["fingerprint"]))
+    except ResumeRefused as e:
+        raise ResumeRefused(f"{e}{consent_hint(stage, e.diff)}", e.diff) from None
     except TrainingInterrupted as e:
         if first:
             print(f"training stage {stage!r}: {e}", file=sys.stderr, flush=True)
@@ -173,6 +177,15 @@ def continued_configs(spec: dict) -> dict[str, str]:
               "skip_nonfinite: true computes")
     return {training_fingerprint({**spec, "loop": off}, __version__): reason
             for off in (unset, {**unset, "skip_nonfinite": False})}
+
+
+def consent_hint(stage: str, diff: list[str]) -> str:
+    """The refusal's last clause when ``snakeshard continue`` can accept what differs (config_diff's lines)."""
+    from snakeshard.train.consent import refusal_of_consent
+
+    if refusal_of_consent(diff):
+        return ""
+    return f"; or, to go on with that run's steps under this config and code: snakeshard continue {stage}"
 
 
 def _check_normalize(runner_cls, spec: dict, where: str) -> None:
@@ -328,10 +341,15 @@ def next_run_of(training: dict):
     status's parse wrote): the training job's own decision (a user trial: status said it resumes while the config
     had changed, and the run was refused)."""
     from snakeshard.core.fingerprint import result_inputs
+    from snakeshard.train.consent import consented
     from snakeshard.train.loop import next_run
 
     spec = read_spec(training["spec"])
-    return next_run(training["dir"], spec["loop"], spec["fingerprint"], result_inputs(spec), continued_configs(spec))
+    after = next_run(training["dir"], spec["loop"], spec["fingerprint"], result_inputs(spec),
+                     {**continued_configs(spec), **consented(training["dir"], spec["fingerprint"])})
+    if after.refused_diff is not None:
+        after.sentence += consent_hint(spec["stage"], after.refused_diff)
+    return after
 
 
 def lock_holder(run_dir: Path) -> str | None:
