@@ -718,7 +718,7 @@ def test_init_with_own_data_and_refusals(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     wrong = subprocess.run([CONSOLE_SCRIPT, "init", str(tmp_path / "p3"), "--data", str(tmp_path / "notes.txt")],
                            capture_output=True, text=True)
-    assert wrong.returncode == 1 and "give a Kaldi data dir (with wav.scp) or a .jsonl manifest" in wrong.stderr
+    assert wrong.returncode == 1 and "give a Kaldi data dir (with wav.scp), a .jsonl manifest or a folder" in wrong.stderr
     assert not (tmp_path / "p2").exists() and not (tmp_path / "p3").exists()  # nothing half-written
     assert init.stderr == ""  # absolute audio paths: nothing to note
     assert f"next: cd {project} && snakemake -n && " in init.stdout

@@ -199,14 +199,24 @@ def cmd_init(args) -> int:
         return 0
     from snakeshard.workflow.project import init_project, manifest_fields_note, relative_audio_note
 
-    written = init_project(args.directory, args.data)
+    written, said = init_project(args.directory, args.data)
     print(f"wrote {', '.join(written)} in {args.directory}")
+    for line in said:
+        print(line, file=sys.stderr if line.startswith("note: ") else sys.stdout)
     for note in (relative_audio_note(args.data, args.directory), manifest_fields_note(args.data, args.directory)) \
             if args.data else ():
         if note:
             print(note, file=sys.stderr)
     print(f"next: {_cd(args.directory)}snakemake -n && snakemake --profile profiles/local && snakeshard status")
     print('on SLURM: pip install "snakeshard[slurm]" (the executor plugin), then snakemake --profile profiles/slurm')
+    return 0
+
+
+def cmd_manifest(args) -> int:
+    from snakeshard.io.audio_folder import write_manifest
+
+    for line in write_manifest(args.folder, args.output):
+        print(line, file=sys.stderr if line.startswith("note: ") else sys.stdout)
     return 0
 
 
@@ -258,13 +268,24 @@ def build_parser():
                                      "config, an example stage, local and SLURM profiles) into DIR")
     sp.add_argument("directory", metavar="DIR", help="the project directory: created if missing; no file of the "
                                                      "project may exist there yet")
-    sp.add_argument("--data", help="a Kaldi data dir (with wav.scp) or a .jsonl manifest; default: copy the demo "
-                                    "speech. With --recipe digits: a directory of FSDD's WAVs; default: download them")
+    sp.add_argument("--data", help="a Kaldi data dir (with wav.scp), a .jsonl manifest, or a folder of audio files "
+                                    "(its manifest is written to data/<folder>.jsonl, with the columns of a "
+                                    "metadata.csv beside the files); default: copy the demo speech. With --recipe "
+                                    "digits: a directory of FSDD's WAVs; default: download them")
     from snakeshard.recipes import RECIPES
 
     sp.add_argument("--recipe", choices=sorted(RECIPES), help="write a complete recipe instead: digits (FSDD spoken "
                                                           "digits: data prep, fbank, stats, train, inference, scoring)")
     sp.set_defaults(func=cmd_init)
+
+    sp = sub.add_parser("manifest", help="write a JSON Lines manifest of a folder of audio files (subfolders too): "
+                                         "key, audio, duration, and the columns of a metadata.csv or "
+                                         "metadata.jsonl at its top (file_name: the file's path under the folder)")
+    sp.add_argument("folder", metavar="FOLDER", help="the folder of audio files")
+    sp.add_argument("--output", "-o", required=True, metavar="FILE",
+                    help="the manifest to write (e.g. data/mine.jsonl; replaced whole): the dataset's path, with "
+                         "format: jsonl")
+    sp.set_defaults(func=cmd_manifest)
 
     sp = sub.add_parser("plan", help="print the shard plan (shard, items, seconds) without running anything")
     with_config(sp)

@@ -23,11 +23,13 @@ WRITTEN = ("Snakefile", "config/config.yaml", "my_stage.py", "profiles/local/con
            "profiles/slurm/config.yaml")
 
 
-def init_project(directory: str | os.PathLike, data: str | None = None) -> list[str]:
-    """Write a new project into ``directory`` (created if missing); returns the files written.
+def init_project(directory: str | os.PathLike, data: str | None = None) -> tuple[list[str], list[str]]:
+    """Write a new project into ``directory`` (created if missing); returns the files written, and lines for the
+    user about the data (a folder's manifest: what it holds, and metadata rows and files that did not match).
 
-    Refuses to overwrite any file it would write. ``data`` is a Kaldi data dir or a ``.jsonl``
-    manifest; relative to the current directory, stored relative to the project when inside it.
+    Refuses to overwrite any file it would write. ``data`` is a Kaldi data dir, a ``.jsonl`` manifest, or a
+    folder of audio files (its manifest is written to ``data/<folder name>.jsonl``, see io.audio_folder); relative
+    to the current directory, stored relative to the project when inside it.
     """
     root = Path(directory)
     clashes = [name for name in WRITTEN if (root / name).exists()]
@@ -39,10 +41,24 @@ def init_project(directory: str | os.PathLike, data: str | None = None) -> list[
             raise ConfigError(f"{root / path} already exists: not overwriting (or pass --data {root / path})")
     else:
         name, path, fmt = _describe_data(Path(data), root)
+    folder = data is not None and fmt == "folder"
+    if folder:  # the manifest is the project's dataset
+        name, path, fmt = name, f"data/{name}.jsonl", "jsonl"
+        if (root / path).exists():
+            raise ConfigError(f"{root / path} already exists: not overwriting (or pass --data {root / path})")
+        from snakeshard.io.audio_folder import folder_manifest
+
+        records, notes = folder_manifest(data)  # before anything is written: a bad folder leaves no project
 
     root.mkdir(parents=True, exist_ok=True)
     if data is None:
         shutil.copytree(demo_data_dir(), root / path, ignore=shutil.ignore_patterns("__init__.py", "__pycache__"))
+    if folder:
+        from snakeshard.io.audio_folder import manifest_summary, write_records
+
+        (root / "data").mkdir(exist_ok=True)
+        write_records(records, root / path)
+        said = [manifest_summary(records, data, path)] + [f"note: {n}" for n in notes]
     config = (TEMPLATE_DIR / "config.yaml").read_text()
     config = config.replace("__DATASET_NAME__", name).replace("__DATASET_PATH__", path)
     # the demo: two shards balanced by audio seconds; the user's data: item counts, which need no
@@ -55,7 +71,7 @@ def init_project(directory: str | os.PathLike, data: str | None = None) -> list[
     for profile in ("local", "slurm"):
         (root / "profiles" / profile).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(profiles_dir() / profile / "config.yaml", root / "profiles" / profile / "config.yaml")
-    return list(WRITTEN) + ([path + "/"] if data is None else [])
+    return list(WRITTEN) + ([path + "/"] if data is None else [path] if folder else []), said if folder else []
 
 
 def relative_audio_note(data: str | os.PathLike, directory: str | os.PathLike) -> str | None:
@@ -114,13 +130,13 @@ def _describe_data(data: Path, root: Path) -> tuple[str, str, str]:
     if not data.exists():
         raise ConfigError(f"--data {data}: does not exist (relative to {os.getcwd()})")
     if data.is_dir():
-        if not (data / "wav.scp").is_file():
-            raise ConfigError(f"--data {data}: a Kaldi data dir needs a wav.scp")
-        fmt = "kaldi"
+        # a Kaldi dir has a wav.scp, or a feats.scp (features without audio); any other folder is one of audio files
+        fmt = "kaldi" if (data / "wav.scp").is_file() or (data / "feats.scp").is_file() else "folder"
     elif data.suffix == ".jsonl":
         fmt = "jsonl"
     else:
-        raise ConfigError(f"--data {data}: give a Kaldi data dir (with wav.scp) or a .jsonl manifest")
+        raise ConfigError(f"--data {data}: give a Kaldi data dir (with wav.scp), a .jsonl manifest or a folder of "
+                          "audio files")
     absolute = data.resolve()
     try:
         path = str(absolute.relative_to(root.resolve()))

@@ -1,0 +1,107 @@
+"""A folder of audio files as a dataset: `snakeshard init --data FOLDER` and `snakeshard manifest FOLDER` write its
+JSON Lines manifest (key, absolute audio path, duration, the columns of a Hugging Face style metadata.csv), which a
+real snakemake run then plans and runs. Each bad folder is refused naming the files, and leaves no project."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import soundfile
+
+from conftest import read_config
+
+CONSOLE_SCRIPT = str(Path(sys.executable).parent / "snakeshard")
+DEMO_WAV = Path(__file__).resolve().parents[1] / "data/demo/wav"
+
+
+def speaker_folder(root: Path) -> Path:
+    """spk1/ (2 files), "spk 2"/ (a file name with a space, as FLAC), a README, a metadata.csv with a row for a
+    file that is not there and none for one that is."""
+    folder = root / "folder"
+    (folder / "spk1").mkdir(parents=True)
+    (folder / "spk 2").mkdir()
+    shutil.copy(DEMO_WAV / "cards-001.wav", folder / "spk1/a.wav")
+    shutil.copy(DEMO_WAV / "cards-002.wav", folder / "spk1/b.wav")
+    samples, rate = soundfile.read(DEMO_WAV / "cards-003.wav", dtype="int16")
+    soundfile.write(folder / "spk 2/take one.flac", samples, rate)
+    (folder / "README.txt").write_text("not audio\n")
+    (folder / "metadata.csv").write_text("file_name,transcription,gender\nspk1/a.wav,ten of clubs,f\n"
+                                         "spk 2/take one.flac,\"three, of hearts\",m\ngone.wav,lost,m\n")
+    return folder
+
+
+def test_init_with_a_folder_of_audio_writes_its_manifest_and_the_project_runs_over_it(tmp_path):
+    folder = speaker_folder(tmp_path)
+    init = subprocess.run([CONSOLE_SCRIPT, "init", "proj", "--data", "folder"], cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert init.returncode == 0, init.stderr
+    project = tmp_path / "proj"
+    seconds = sum(soundfile.info(f).duration for f in (folder / "spk1/a.wav", folder / "spk1/b.wav",
+                                                        folder / "spk 2/take one.flac"))
+    assert init.stdout.splitlines()[:2] == [
+        "wrote Snakefile, config/config.yaml, my_stage.py, profiles/local/config.yaml, profiles/slurm/config.yaml, "
+        "data/folder.jsonl in proj",
+        f"data/folder.jsonl: 3 audio files of {folder}, {seconds:.1f} s; fields from its metadata: gender, transcription"]
+    assert init.stderr.splitlines() == [
+        f"note: {folder}/metadata.csv: 1 row(s) name no audio file here, left out: gone.wav",
+        f"note: {folder}/metadata.csv: no row for 1 audio file(s), which get no metadata fields: spk1/b.wav"]
+    assert read_config(project)["datasets"] == {"folder": {"path": "data/folder.jsonl", "format": "jsonl"}}
+    records = [json.loads(line) for line in (project / "data/folder.jsonl").read_text().splitlines()]
+    assert [(r["key"], r["audio"]) for r in records] == [
+        ("spk_2-take_one", f"{folder}/spk 2/take one.flac"), ("spk1-a", f"{folder}/spk1/a.wav"),
+        ("spk1-b", f"{folder}/spk1/b.wav")]  # sorted by path ("spk 2" < "spk1"); "/" and spaces out of the keys
+    assert [r["duration"] for r in records] == [round(soundfile.info(r["audio"]).duration, 6) for r in records]
+    assert records[0]["transcription"] == "three, of hearts" and records[1]["transcription"] == "ten of clubs"
+    assert "transcription" not in records[2]
+
+    run = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "profiles/local"], cwd=project,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    energy = (project / "results/energy/folder/energy_db").read_text().split()
+    assert energy[0::2] == ["spk_2-take_one", "spk1-a", "spk1-b"]
+
+    # snakeshard manifest writes the same lines (files added later: run it again)
+    again = subprocess.run([CONSOLE_SCRIPT, "manifest", str(folder), "-o", str(tmp_path / "m.jsonl")],
+                           capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "m.jsonl").read_bytes() == (project / "data/folder.jsonl").read_bytes()
+    assert again.stdout.startswith(f"{tmp_path / 'm.jsonl'}: 3 audio files of {folder}, {seconds:.1f} s")
+
+
+def _break_two_files(folder: Path) -> None:
+    (folder / "spk1/junk.wav").write_text("not a wav")
+    (folder / "spk1/empty.flac").write_bytes(b"")
+
+
+@pytest.mark.parametrize("spoil, message", [
+    (lambda f: shutil.rmtree(f) or f.mkdir() or (f / "notes.txt").write_text("x"),
+     "{folder}: no audio file in it or its subfolders (looked for .aif, .aiff, .au, .caf, .flac, .mp3, .ogg, .opus, "
+     ".rf64, .sph, .w64, .wav)"),
+    (lambda f: shutil.copy(f / "spk1/a.wav", f / "spk1/a.flac"),
+     "{folder}: spk1/a.flac and spk1/a.wav both make key 'spk1-a' (a key is the path without its suffix): rename one"),
+    (_break_two_files,
+     "{folder}: 2 of 5 audio files do not read (fix or remove them, then run this again): spk1/empty.flac: cannot "
+     "read audio header of {folder}/spk1/empty.flac: "),
+    (lambda f: (f / "metadata.csv").write_text("file_name,key\nspk1/a.wav,x\n"),
+     "{folder}/metadata.csv:2: column 'key' is a field the manifest writes itself (key, audio, duration); rename it"),
+    (lambda f: (f / "metadata.csv").write_text("path,text\nspk1/a.wav,x\n"),
+     "{folder}/metadata.csv:2: no file_name (the column that names each audio file, relative to {folder})"),
+    (lambda f: (f / "metadata.csv").write_text("file_name,text\nspk1/a.wav,x\nspk1/a.wav,y\n"),
+     "{folder}/metadata.csv:3: file_name 'spk1/a.wav' again (an earlier row names it too)"),
+    (lambda f: (f / "metadata.jsonl").write_text('{"file_name": "spk1/a.wav"}\n'),
+     "{folder} holds both metadata.csv and metadata.jsonl: keep one"),
+    (lambda f: (f / "metadata.csv").unlink() or (f / "metadata.jsonl").write_text('{"file_name": "spk1/a.wav"}\nx\n'),
+     "{folder}/metadata.jsonl:2: not a JSON object: "),
+])
+def test_a_bad_folder_is_refused_naming_the_files_and_no_project_is_written(tmp_path, spoil, message):
+    folder = speaker_folder(tmp_path)
+    spoil(folder)
+    init = subprocess.run([CONSOLE_SCRIPT, "init", "proj", "--data", "folder"], cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert init.returncode == 1 and f"snakeshard: error: {message.format(folder=folder)}" in init.stderr, init.stderr
+    assert not (tmp_path / "proj").exists()
