@@ -105,3 +105,21 @@ def test_a_bad_folder_is_refused_naming_the_files_and_no_project_is_written(tmp_
                           text=True)
     assert init.returncode == 1 and f"snakeshard: error: {message.format(folder=folder)}" in init.stderr, init.stderr
     assert not (tmp_path / "proj").exists()
+
+
+def test_a_kaldi_dir_of_features_only_is_a_kaldi_dataset_not_a_folder_of_audio(tmp_path):
+    """A dir with feats.scp and no wav.scp (Kaldi features without audio) is taken as a Kaldi dir (it was refused
+    for its missing wav.scp)."""
+    import kaldiio
+    import numpy as np
+
+    (tmp_path / "fd").mkdir()
+    with kaldiio.WriteHelper(f"ark,scp:{tmp_path}/fd/feats.ark,{tmp_path}/fd/feats.scp") as writer:
+        for key in ("u1", "u2"):
+            writer(key, np.zeros((100, 80), dtype="float32"))
+    init = subprocess.run([CONSOLE_SCRIPT, "init", "proj", "--data", "fd"], cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert init.returncode == 0, init.stderr
+    assert read_config(tmp_path / "proj")["datasets"] == {"fd": {"path": str(tmp_path / "fd"), "format": "kaldi"}}
+    plan = subprocess.run([CONSOLE_SCRIPT, "plan"], cwd=tmp_path / "proj", capture_output=True, text=True)
+    assert plan.returncode == 0 and "u1 .. u2" in plan.stdout, plan.stderr
