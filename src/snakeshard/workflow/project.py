@@ -35,30 +35,31 @@ def init_project(directory: str | os.PathLike, data: str | None = None) -> tuple
     clashes = [name for name in WRITTEN if (root / name).exists()]
     if clashes:
         raise ConfigError(f"{root} already has {', '.join(clashes)}: not overwriting (choose an empty directory)")
+    said: list[str] = []
+    records = None  # a folder's manifest lines
     if data is None:
         name, path, fmt = "demo", "data/demo", "kaldi"
         if (root / path).exists():
             raise ConfigError(f"{root / path} already exists: not overwriting (or pass --data {root / path})")
     else:
         name, path, fmt = _describe_data(Path(data), root)
-    folder = data is not None and fmt == "folder"
-    if folder:  # the manifest is the project's dataset
-        name, path, fmt = name, f"data/{name}.jsonl", "jsonl"
-        if (root / path).exists():
-            raise ConfigError(f"{root / path} already exists: not overwriting (or pass --data {root / path})")
-        from snakeshard.io.audio_folder import folder_manifest
+        if fmt == "folder":  # its manifest, written into the project, is the dataset
+            from snakeshard.io.audio_folder import folder_manifest, manifest_summary
 
-        records, notes = folder_manifest(data)  # before anything is written: a bad folder leaves no project
+            path, fmt = f"data/{name}.jsonl", "jsonl"
+            if (root / path).exists():
+                raise ConfigError(f"{root / path} already exists: not overwriting (or pass --data {root / path})")
+            records, notes = folder_manifest(data)  # before anything is written: a bad folder leaves no project
+            said = [manifest_summary(records, data, path)] + [f"note: {n}" for n in notes]
 
     root.mkdir(parents=True, exist_ok=True)
     if data is None:
         shutil.copytree(demo_data_dir(), root / path, ignore=shutil.ignore_patterns("__init__.py", "__pycache__"))
-    if folder:
-        from snakeshard.io.audio_folder import manifest_summary, write_records
+    if records is not None:
+        from snakeshard.io.audio_folder import write_records
 
         (root / "data").mkdir(exist_ok=True)
         write_records(records, root / path)
-        said = [manifest_summary(records, data, path)] + [f"note: {n}" for n in notes]
     config = (TEMPLATE_DIR / "config.yaml").read_text()
     config = config.replace("__DATASET_NAME__", name).replace("__DATASET_PATH__", path)
     # the demo: two shards balanced by audio seconds; the user's data: item counts, which need no
@@ -71,7 +72,7 @@ def init_project(directory: str | os.PathLike, data: str | None = None) -> tuple
     for profile in ("local", "slurm"):
         (root / "profiles" / profile).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(profiles_dir() / profile / "config.yaml", root / "profiles" / profile / "config.yaml")
-    return list(WRITTEN) + ([path + "/"] if data is None else [path] if folder else []), said if folder else []
+    return list(WRITTEN) + ([path + "/"] if data is None else [path] if records is not None else []), said
 
 
 def relative_audio_note(data: str | os.PathLike, directory: str | os.PathLike) -> str | None:
