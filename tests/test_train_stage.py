@@ -419,6 +419,8 @@ def test_an_unfinished_run_whose_config_changed_is_refused_naming_it_and_goes_on
     assert f"written under another config, resumed as this one's: {reason}" in (wd / TRAINED / "logs/train.log").read_text()
     metrics = json.loads((wd / TRAINED / "metrics.json").read_text())
     assert metrics["continued"] == [{"step": step, "reason": reason}] and metrics["steps"] == 48
+    assert re.search(rf": done  48 steps, 4 epochs, best score .*; went on under a changed config or code at step "
+                     rf"{step} \(snakeshard continue\)$", run_cli(wd, "status").stdout, re.M)
     finished = run_cli(wd, "continue", "train")
     assert finished.returncode != 0 and "is a finished run's (step 48): there is no run to continue" in finished.stderr
     assert run_cli(wd, "continue", "nope").stderr.strip().endswith(

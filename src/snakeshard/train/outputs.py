@@ -36,7 +36,8 @@ def write_outputs(run_dir: Path, spec: dict, result) -> None:
     draw_curve(lines, run_dir / CURVE, spec["stage"])
     atomic_write_json(run_dir / DONE, {"stage": spec["stage"], "fingerprint": spec["fingerprint"],
                                        "steps": result.step, "epochs": result.epoch, "best_score": result.best_score,
-                                       "best_epoch": result.best_epoch, "stopped_early": result.stopped_early})
+                                       "best_epoch": result.best_epoch, "stopped_early": result.stopped_early,
+                                       "continued_at": [c["step"] for c in result.continued]})
 
 
 def _write_model(run_dir: Path, spec: dict, result) -> str:

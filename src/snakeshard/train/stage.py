@@ -301,7 +301,9 @@ def training_state(training: dict) -> tuple[str, str]:
         best = f", best score {done['best_score']:.6g} (epoch {done['best_epoch']})" if done.get("best_score") is not None else ""
         # a trial: a run that stopped early read like one that ran its epochs
         early = " (stopped early by score.patience)" if done.get("stopped_early") else ""
-        return "done", f"{done['steps']} steps, {done['epochs']} epochs{early}{best}"
+        went_on = "".join(f"; went on under a changed config or code at step {step} (snakeshard continue)"
+                          for step in done.get("continued_at", ()))
+        return "done", f"{done['steps']} steps, {done['epochs']} epochs{early}{best}{went_on}"
     steps_log = run_dir / "steps.jsonl"
     steps = sum(1 for line in steps_log.read_text().splitlines() if '"lr"' in line) if steps_log.exists() else 0
     history = sorted((int(p.stem.partition("-")[2]) for p in (run_dir / "checkpoints/history").glob("step-*.pt")),
