@@ -136,7 +136,7 @@ def cmd_status(args) -> int:
 
 def cmd_continue(args) -> int:
     from snakeshard.errors import ConfigError
-    from snakeshard.train.consent import continue_training
+    from snakeshard.train.stage import continue_training
 
     wf = _workflow(args.config)
     if args.stage not in wf.trainings:

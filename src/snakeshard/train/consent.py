@@ -53,38 +53,24 @@ def refusal_of_consent(diff: list[str]) -> str | None:
     return None
 
 
-def continue_training(stage: str, training: dict) -> str:
-    """Record the consent to resume ``stage``'s newest checkpoint under the config and code now (its spec, as the
-    parse of ``snakeshard continue`` wrote it); returns what was done, in one line. Raises when there is nothing
-    to continue or the change cannot be accepted."""
-    from snakeshard.core.fingerprint import result_inputs
-    from snakeshard.core.shard_files import read_spec
+def record_consent(run_dir: str | Path, stage: str, fingerprint: str, inputs: dict | None, loop: dict) -> str:
+    """Write the consent to resume ``run_dir``'s newest checkpoint under ``fingerprint`` (the config and code now,
+    whose loop config is ``loop``); returns what was done, in one line. Raises when the change cannot be accepted.
+    Called when the next run would refuse that checkpoint (train.stage.continue_training)."""
     from snakeshard.io.atomic import atomic_write_text
     from snakeshard.train.checkpoint import CheckpointManager
-    from snakeshard.train.loop import checkpoint_diff, with_defaults, what_differs
+    from snakeshard.train.loop import checkpoint_diff, what_differs, with_defaults
 
-    run_dir = Path(training["dir"])
-    spec = read_spec(training["spec"])
-    cfg = with_defaults(spec["loop"])
+    run_dir = Path(run_dir)
+    cfg = with_defaults(loop)
     cfg["ranks"] = cfg["ranks"] or 1
-    loaded = CheckpointManager(run_dir / "checkpoints").read_newest()
-    if loaded is None:
-        raise SnakeshardError(f"stages.{stage}: no checkpoint in {run_dir / 'checkpoints'}: the next run starts at "
-                              "step 0, there is no run to continue")
-    ck, path = loaded
-    step = ck["progress"]["step"]
-    if ck["progress"]["finished"]:
-        raise SnakeshardError(f"stages.{stage}: {path} is a finished run's (step {step}): there is no run to "
-                              "continue; a new config trains a new model (the finished one is set aside)")
-    inputs = result_inputs(spec)
-    what = what_differs(ck, cfg, spec["fingerprint"], inputs)
-    if what is None or ck.get("fingerprint") in consented(run_dir, spec["fingerprint"]):
-        return f"stage {stage}: nothing to accept: the next run resumes from {path} (step {step}) as it is"
+    ck, path = CheckpointManager(run_dir / "checkpoints").read_newest()
     why_not = refusal_of_consent(checkpoint_diff(ck, cfg, inputs))
     if why_not:
         raise SnakeshardError(f"stages.{stage}: {path} cannot be continued under this config: {why_not}")
-    entries = _entries(run_dir) + [{"from": ck.get("fingerprint"), "to": spec["fingerprint"], "step": step,
-                                    "differs": what, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}]
+    step, what = ck["progress"]["step"], what_differs(ck, cfg, fingerprint, inputs)
+    entries = _entries(run_dir) + [{"from": ck.get("fingerprint"), "to": fingerprint, "step": step, "differs": what,
+                                    "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}]
     atomic_write_text(run_dir / CONTINUED, json.dumps(entries, indent=1) + "\n")
     return (f"stage {stage}: the next run resumes from {path} (step {step}) under the config and code as they are "
             f"now ({what}); recorded in {run_dir / CONTINUED}")
