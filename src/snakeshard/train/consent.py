@@ -6,7 +6,7 @@ the ones the config now computes. After a bug fix in an ``evaluate_step``, a log
 for the rest of the run, a researcher wants those steps anyway (a trial's PyTorch researcher lost an epoch to each
 such fix). The consent is written to ``<run dir>/continued.json``: one entry per consent, from the checkpoint's
 fingerprint to the one the config has now, with the step and what differed. The training job then resumes that
-checkpoint as this config's (continued_configs), logs it, and keeps it in the run's record (``metrics.json``'s
+checkpoint as this config's (``train(..., accepted=...)``), logs it, and keeps it in the run's record (``metrics.json``'s
 ``continued``), so a model trained across a change says so. A later edit makes another fingerprint: it is refused
 again until consented to again.
 
