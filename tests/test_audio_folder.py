@@ -5,6 +5,7 @@ real snakemake run then plans and runs. Each bad folder is refused naming the fi
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import soundfile
+import yaml
 
 from conftest import read_config
 
@@ -46,7 +48,8 @@ def test_init_with_a_folder_of_audio_writes_its_manifest_and_the_project_runs_ov
     assert init.stdout.splitlines()[:2] == [
         "wrote Snakefile, config/config.yaml, my_stage.py, profiles/local/config.yaml, profiles/slurm/config.yaml, "
         "data/folder.jsonl in proj",
-        f"data/folder.jsonl: 3 audio files of {folder}, {seconds:.1f} s; fields from its metadata: gender, transcription"]
+        f"data/folder.jsonl: 3 audio files of {folder}, {seconds:.1f} s, in 2 subfolders (field dir); fields from "
+        "its metadata: gender, transcription"]
     assert init.stderr.splitlines() == [
         f"note: {folder}/metadata.csv: 1 row(s) name no audio file here, left out: gone.wav",
         f"note: {folder}/metadata.csv: no row for 1 audio file(s), which get no metadata fields: spk1/b.wav"]
@@ -58,7 +61,15 @@ def test_init_with_a_folder_of_audio_writes_its_manifest_and_the_project_runs_ov
     assert [r["duration"] for r in records] == [round(soundfile.info(r["audio"]).duration, 6) for r in records]
     assert records[0]["transcription"] == "three, of hearts" and records[1]["transcription"] == "ten of clubs"
     assert "transcription" not in records[2]
+    assert [r["dir"] for r in records] == ["spk 2", "spk1", "spk1"]  # the subfolder: a speaker, a class
 
+    config = read_config(project)  # a speaker's files in one shard, by their subfolder
+    config["stages"]["energy"]["sharding"] = {"num_shards": 3, "keep_together": "dir"}
+    (project / "config/config.yaml").write_text(yaml.safe_dump(config))
+    plan = subprocess.run([CONSOLE_SCRIPT, "plan"], cwd=project, capture_output=True, text=True)
+    assert plan.returncode == 0, plan.stderr
+    assert re.findall(r"^\s+\d+\s+(\d+)\s+[\d.]+\s+(\S+) \.\. (\S+)$", plan.stdout, re.M) == [
+        ("1", "spk_2-take_one", "spk_2-take_one"), ("2", "spk1-a", "spk1-b")], plan.stdout
     run = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "profiles/local"], cwd=project,
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -70,7 +81,7 @@ def test_init_with_a_folder_of_audio_writes_its_manifest_and_the_project_runs_ov
                            capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "m.jsonl").read_bytes() == (project / "data/folder.jsonl").read_bytes()
-    assert again.stdout.startswith(f"{tmp_path / 'm.jsonl'}: 3 audio files of {folder}, {seconds:.1f} s")
+    assert again.stdout.startswith(f"{tmp_path / 'm.jsonl'}: 3 audio files of {folder}, {seconds:.1f} s, in 2 ")
 
 
 def _break_two_files(folder: Path) -> None:

@@ -5,7 +5,9 @@ transcripts beside it: Hugging Face's "audiofolder" layout puts a ``metadata.csv
 folder's top whose ``file_name`` column names each file relative to it. The manifest holds one line per audio
 file, in sorted path order (a speaker's files together, as ``keep_together`` needs): ``key``, ``audio`` (the
 absolute path), ``duration`` (seconds, from the header, so that shards can be cut by seconds without reading
-headers at every plan) and the file's metadata columns.
+headers at every plan), ``dir`` (the subfolder it is in, e.g. its speaker's or its class's: a field that
+``keep_together``, a scoring stage's ``group_by`` or a training stage's ``labels`` can name; left out for a file at
+the top) and the file's metadata columns (a ``dir`` column among them wins).
 
 The key is the file's path under the folder without its suffix, ``/`` as ``-`` and whitespace as ``_``
 (``spk1/utt 01.flac`` -> ``spk1-utt_01``): a key names output files (``<field>/<key>.wav``) and Kaldi lines, which
@@ -104,7 +106,9 @@ def folder_manifest(folder: str | os.PathLike) -> tuple[list[dict], list[str]]:
         except AudioError as e:  # every bad file at once, not one per try
             unreadable.append(str(e))
             continue
-        records.append({"key": key, "audio": str(path), "duration": round(seconds, 6), **table.get(relative, {})})
+        parent = PurePosixPath(relative).parent.as_posix()
+        records.append({"key": key, "audio": str(path), "duration": round(seconds, 6),
+                        **({"dir": parent} if parent != "." else {}), **table.get(relative, {})})
     if unreadable:
         raise DataError(f"{folder}: {len(unreadable)} of {len(files)} audio files do not read (fix or remove them, "
                         f"then run this again): " + "; ".join(unreadable[:MAX_SHOWN])
@@ -131,9 +135,11 @@ def write_records(records: list[dict], out: str | os.PathLike) -> None:
 
 def manifest_summary(records: list[dict], folder: str | os.PathLike, out: str | os.PathLike) -> str:
     """``<out>: N audio files of <folder>, S s; fields from its metadata: ...``."""
-    fields = sorted({c for r in records for c in r} - set(OWN_FIELDS))
+    fields = sorted({c for r in records for c in r} - set(OWN_FIELDS) - {"dir"})
+    dirs = len({r["dir"] for r in records if "dir" in r})
     return (f"{out}: {len(records)} audio files of {Path(folder).resolve()}, "
             f"{sum(r['duration'] for r in records):.1f} s"
+            + (f", in {dirs} subfolder{'s' if dirs > 1 else ''} (field dir)" if dirs else "")
             + (f"; fields from its metadata: {', '.join(fields)}" if fields else ""))
 
 
