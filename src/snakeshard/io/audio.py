@@ -62,8 +62,8 @@ def _check_file_complete(path: str, where: str, key: str | None) -> None:
         raise AudioError(f"{where}: cannot read audio {path}: {e.strerror}", key) from None
 
 
-def _header(path: str, where: str, key: str | None = None):
-    """soundfile's info of the audio file ``path``, after the truncation check."""
+def audio_header(path: str, where: str, key: str | None = None):
+    """soundfile's info of the audio file ``path`` (rate, channels, frames), after the truncation check."""
     import soundfile
 
     _check_file_complete(path, where, key)
@@ -75,7 +75,7 @@ def _header(path: str, where: str, key: str | None = None):
 
 def audio_duration(path: str, where: str) -> float:
     """Seconds of audio in ``path`` from its header (soundfile), after the truncation check."""
-    info = _header(path, where)
+    info = audio_header(path, where)
     if info.frames == 0:
         raise AudioError(f"{where}: {path} holds no samples (0 frames)")
     return info.duration
@@ -186,7 +186,7 @@ def check_item_audio_header(item, *, sample_rate: int | None = None, max_oversho
     if item.audio.endswith("|"):
         return False
     where = f"key {item.key!r} ({item.source})"
-    info = _header(item.audio, where, item.key)
+    info = audio_header(item.audio, where, item.key)
     _check_usable(item, where, item.audio, info.samplerate, info.frames, sample_rate, max_overshoot, dataset)
     return True
 

@@ -85,7 +85,7 @@ def read_metadata(folder: Path) -> tuple[dict[str, dict], Path | None]:
 def folder_manifest(folder: str | os.PathLike) -> tuple[list[dict], list[str]]:
     """(one record per audio file under ``folder``, notes for the user: metadata rows without a file, files
     without a row). Raises naming the folder when it holds no audio, and both files of a key made twice."""
-    from snakeshard.io.audio import audio_duration
+    from snakeshard.io.audio import audio_header
 
     folder = Path(folder).resolve()
     files = audio_files(folder)
@@ -94,6 +94,8 @@ def folder_manifest(folder: str | os.PathLike) -> tuple[list[dict], list[str]]:
                         f"{', '.join(sorted(AUDIO_SUFFIXES))})")
     table, metadata = read_metadata(folder)
     records, first_of_key, unreadable = [], {}, []
+    rates: dict[int, list[str]] = {}  # sample rate: files
+    channels: list[str] = []  # files of more than one channel
     for path in files:
         relative = path.relative_to(folder).as_posix()
         key = key_of(relative)
@@ -102,28 +104,47 @@ def folder_manifest(folder: str | os.PathLike) -> tuple[list[dict], list[str]]:
                             "without its suffix): rename one")
         first_of_key[key] = relative
         try:
-            seconds = audio_duration(str(path), relative)
+            info = audio_header(str(path), relative)
         except AudioError as e:  # every bad file at once, not one per try
             unreadable.append(str(e))
             continue
+        if info.frames == 0:
+            unreadable.append(f"{relative}: holds no samples (0 frames)")
+            continue
+        rates.setdefault(info.samplerate, []).append(relative)
+        if info.channels > 1:
+            channels.append(relative)
         parent = PurePosixPath(relative).parent.as_posix()
-        records.append({"key": key, "audio": str(path), "duration": round(seconds, 6),
+        records.append({"key": key, "audio": str(path), "duration": round(info.duration, 6),
                         **({"dir": parent} if parent != "." else {}), **table.get(relative, {})})
     if unreadable:
         raise DataError(f"{folder}: {len(unreadable)} of {len(files)} audio files do not read (fix or remove them, "
                         f"then run this again): " + "; ".join(unreadable[:MAX_SHOWN])
                         + (f"; ... {len(unreadable) - MAX_SHOWN} more" if len(unreadable) > MAX_SHOWN else ""))
+    # said now, not when a stage's job meets them: a stage reads one rate and one channel (a user's trial)
     notes = []
+    if len(rates) > 1:
+        common = max(rates, key=lambda r: len(rates[r]))
+        for rate, names in sorted(rates.items()):
+            if rate != common:
+                notes.append(f"{len(names)} file(s) at {rate} Hz, the others at {common} Hz (a stage reads one rate: "
+                             f"resample them, e.g. sox -D IN -r {common} OUT): {_listed(names)}")
+    if channels:
+        notes.append(f"{len(channels)} file(s) of more than one channel (a stage reads one: downmix them, e.g. sox IN "
+                     f"-c 1 OUT): {_listed(channels)}")
     if metadata is not None:
         unmatched = sorted(set(table) - set(first_of_key.values()))
         without = [r for r in first_of_key.values() if r not in table]
         if unmatched:
-            notes.append(f"{metadata}: {len(unmatched)} row(s) name no audio file here, left out: "
-                         f"{', '.join(unmatched[:MAX_SHOWN])}{' ...' if len(unmatched) > MAX_SHOWN else ''}")
+            notes.append(f"{metadata}: {len(unmatched)} row(s) name no audio file here, left out: {_listed(unmatched)}")
         if without:
             notes.append(f"{metadata}: no row for {len(without)} audio file(s), which get no metadata fields: "
-                         f"{', '.join(without[:MAX_SHOWN])}{' ...' if len(without) > MAX_SHOWN else ''}")
+                         f"{_listed(without)}")
     return records, notes
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:MAX_SHOWN]) + (" ..." if len(names) > MAX_SHOWN else "")
 
 
 def write_records(records: list[dict], out: str | os.PathLike) -> None:
