@@ -1,4 +1,5 @@
-"""``snakeshard`` command line: init, plan, status, wer, run-shard(s), train, merge, report, config-reference.
+"""``snakeshard`` command line: init, manifest, plan, status, continue, wer, run-shard(s), train, merge, report,
+config-reference.
 
 The Snakefile's rules call ``python -m snakeshard run-shard/train/merge``; people call
 ``snakeshard plan`` and ``snakeshard status``. Errors on bad input print one
@@ -253,7 +254,8 @@ def build_parser():
 
     from snakeshard.version import __version__
 
-    p = argparse.ArgumentParser(prog="snakeshard", description=__doc__.split("\n")[0].replace("``", ""))
+    summary = __doc__.split("\n\n")[0].replace("\n", " ").replace("``", "")  # the docstring's first paragraph
+    p = argparse.ArgumentParser(prog="snakeshard", description=summary)
     p.add_argument("--version", action="version", version=f"snakeshard {__version__}",
                    help="print snakeshard's version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
