@@ -156,3 +156,45 @@ def test_files_of_another_rate_or_of_two_channels_are_noted_when_the_manifest_is
         "note: 1 file(s) of more than one channel (a stage reads one: downmix them, e.g. sox IN -c 1 OUT): "
         "spk1/d_stereo.wav"]
     assert len((tmp_path / "m.jsonl").read_text().splitlines()) == 5
+
+
+def test_files_added_to_the_folder_are_appended_to_its_manifest_and_only_their_shards_run(tmp_path):
+    """`snakeshard manifest` over the project's own manifest keeps its lines first, in their order, and appends the
+    new files (sorted), also one whose path sorts before the others: the plan reads only the new lines, and with
+    shard_size the shards before them are kept (the rerun after new recordings runs their shards only)."""
+    folder = speaker_folder(tmp_path)
+    assert subprocess.run([CONSOLE_SCRIPT, "init", "proj", "--data", "folder"], cwd=tmp_path,
+                          capture_output=True).returncode == 0
+    project = tmp_path / "proj"
+    config = read_config(project)
+    config["stages"]["energy"]["sharding"] = {"shard_size": 1}
+    (project / "config/config.yaml").write_text(yaml.safe_dump(config))
+    first = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "profiles/local"], cwd=project,
+                           capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = (project / "data/folder.jsonl").read_bytes()
+    shutil.copy(DEMO_WAV / "cards-004.wav", folder / "spk1/c.wav")
+    (folder / "aaa").mkdir()  # sorts before every other path
+    shutil.copy(DEMO_WAV / "cards-005.wav", folder / "aaa/first.wav")
+    again = subprocess.run([CONSOLE_SCRIPT, "manifest", "folder", "-o", "proj/data/folder.jsonl"], cwd=tmp_path,
+                           capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert f"note: 2 new file(s) after the 3 already in proj/data/folder.jsonl, which keep their order" in again.stderr
+    after = (project / "data/folder.jsonl").read_bytes()
+    assert after.startswith(before)
+    assert [json.loads(line)["key"] for line in after[len(before):].decode().splitlines()] == ["aaa-first", "spk1-c"]
+    dry = subprocess.run([sys.executable, "-m", "snakemake", "-n"], cwd=project, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert re.search(r"^shard_energy\s+2$", dry.stdout, re.M), dry.stdout  # the two new keys' shards, no other
+    # a file removed: left out, said
+    (folder / "spk1/b.wav").unlink()
+    gone = subprocess.run([CONSOLE_SCRIPT, "manifest", "folder", "-o", "proj/data/folder.jsonl"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert "note: 1 key(s) of proj/data/folder.jsonl have no file any more: left out" in gone.stderr, gone.stderr
+    assert len((project / "data/folder.jsonl").read_text().splitlines()) == 4
+    (tmp_path / "notes.jsonl").write_text("just text\n")
+    bad = subprocess.run([CONSOLE_SCRIPT, "manifest", "folder", "-o", "notes.jsonl"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and ("notes.jsonl:1: not a line of a manifest (a JSON object with a key): remove "
+                                    "notes.jsonl to write it anew, or write to another file") in bad.stderr
+    assert (tmp_path / "notes.jsonl").read_text() == "just text\n"  # not overwritten

@@ -164,8 +164,38 @@ def manifest_summary(records: list[dict], folder: str | os.PathLike, out: str | 
             + (f"; fields from its metadata: {', '.join(fields)}" if fields else ""))
 
 
+def in_previous_order(records: list[dict], previous: Path) -> tuple[list[dict], list[str]]:
+    """``records`` in the order of the manifest they replace: the keys it has first, as they were, then the new
+    ones (sorted). When files were only added, the old manifest is then the new one's first lines: the plan reads
+    only the new lines, and ``shard_size``/``shard_seconds`` keep every shard before them (a folder's rerun after
+    new recordings redoes their shards only)."""
+    old: dict[str, int] = {}  # key: its line's place
+    with open(previous, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                key = json.loads(line)["key"]
+            except (ValueError, KeyError, TypeError):
+                raise DataError(f"{previous}:{n}: not a line of a manifest (a JSON object with a key): remove "
+                                f"{previous} to write it anew, or write to another file") from None
+            old.setdefault(key, len(old))
+    kept = sorted((r for r in records if r["key"] in old), key=lambda r: old[r["key"]])
+    added = [r for r in records if r["key"] not in old]
+    notes = []
+    if added:
+        notes.append(f"{len(added)} new file(s) after the {len(kept)} already in {previous}, which keep their order")
+    if len(kept) < len(old):
+        notes.append(f"{len(old) - len(kept)} key(s) of {previous} have no file any more: left out")
+    return kept + added, notes
+
+
 def write_manifest(folder: str | os.PathLike, out: str | os.PathLike) -> list[str]:
-    """Write ``folder``'s manifest to ``out``; returns lines for the user (what it holds, then notes)."""
+    """Write ``folder``'s manifest to ``out`` (in the order of the manifest already there: in_previous_order);
+    returns lines for the user (what it holds, then notes)."""
     records, notes = folder_manifest(folder)
+    if Path(out).exists():
+        records, kept = in_previous_order(records, Path(out))
+        notes = kept + notes
     write_records(records, out)
     return [manifest_summary(records, folder, out)] + [f"note: {n}" for n in notes]
