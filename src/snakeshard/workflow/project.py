@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -50,7 +51,9 @@ def init_project(directory: str | os.PathLike, data: str | None = None) -> tuple
             if (root / path).exists():
                 raise ConfigError(f"{root / path} already exists: not overwriting (or pass --data {root / path})")
             records, notes = folder_manifest(data)  # before anything is written: a bad folder leaves no project
-            said = [manifest_summary(records, data, path)] + [f"note: {n}" for n in notes]
+            said = [manifest_summary(records, data, path)] + [f"note: {n}" for n in notes] + [
+                f"files added to {data} later: snakeshard manifest {shlex.quote(str(Path(data).resolve()))} -o "
+                f"{path} (run in {directory}; they are appended, and the shards before them kept)"]
 
     root.mkdir(parents=True, exist_ok=True)
     if data is None:
