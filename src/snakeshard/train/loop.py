@@ -596,7 +596,7 @@ def _refusal_fix(run_dir: Path, cfg: dict, fingerprint: str, inputs: dict | None
     else:
         start = "To train with this config from step 0 (that run's steps are then lost), delete its checkpoints"
     return (f"{start}: rm -r {shlex.quote(str(ckdir))} {shlex.quote(str(log_path))}; to resume that run instead, go "
-            "back to its config and data")
+            "back to its config, code and data")
 
 
 REFUSED = "was written by an unfinished run of another config or data"  # in the refusal, which status looks for
