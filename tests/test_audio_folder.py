@@ -110,6 +110,8 @@ def _break_three_files(folder: Path) -> None:
      "{folder}/metadata.csv:2: no file_name (the column that names each audio file, relative to {folder})"),
     (lambda f: (f / "metadata.csv").write_text("file_name,text\nspk1/a.wav,x\nspk1/a.wav,y\n"),
      "{folder}/metadata.csv:3: file_name 'spk1/a.wav' again (an earlier row names it too)"),
+    (lambda f: (f / "metadata.csv").write_text("file_name,text\nspk1/a.wav,one, two\n"),
+     "{folder}/metadata.csv:2: more values than the header has columns (2): quote a value that holds a comma"),
     (lambda f: (f / "metadata.jsonl").write_text('{"file_name": "spk1/a.wav"}\n'),
      "{folder} holds both metadata.csv and metadata.jsonl: keep one"),
     (lambda f: (f / "metadata.csv").unlink() or (f / "metadata.jsonl").write_text('{"file_name": "spk1/a.wav"}\nx\n'),
@@ -201,3 +203,13 @@ def test_files_added_to_the_folder_are_appended_to_its_manifest_and_only_their_s
     assert bad.returncode == 1 and ("notes.jsonl:1: not a line of a manifest (a JSON object with a key): remove "
                                     "notes.jsonl to write it anew, or write to another file") in bad.stderr
     assert (tmp_path / "notes.jsonl").read_text() == "just text\n"  # not overwritten
+
+
+def test_a_metadata_csv_saved_by_a_spreadsheet_with_a_byte_order_mark_reads(tmp_path):
+    folder = speaker_folder(tmp_path)
+    (folder / "metadata.csv").write_text("file_name,transcription\nspk1/a.wav,ten of clubs\n", encoding="utf-8-sig")
+    made = subprocess.run([CONSOLE_SCRIPT, "manifest", str(folder), "-o", str(tmp_path / "m.jsonl")],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    first = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[1])
+    assert first["key"] == "spk1-a" and first["transcription"] == "ten of clubs"

@@ -54,7 +54,8 @@ def read_metadata(folder: Path) -> tuple[dict[str, dict], Path | None]:
     if not found:
         return {}, None
     path = found[0]
-    with open(path, encoding="utf-8", newline="") as f:
+    # utf-8-sig: a CSV saved by a spreadsheet starts with a byte order mark, which would join the first column's name
+    with open(path, encoding="utf-8-sig", newline="") as f:
         if path.suffix == ".csv":
             rows = list(csv.DictReader(f))
             where = [f"{path}:{n}" for n in range(2, len(rows) + 2)]  # line 1 is the header
@@ -71,6 +72,9 @@ def read_metadata(folder: Path) -> tuple[dict[str, dict], Path | None]:
     for row, at in zip(rows, where):
         if not isinstance(row, dict) or not row.get("file_name"):
             raise DataError(f"{at}: no file_name (the column that names each audio file, relative to {folder})")
+        if None in row:  # csv's name for the values past the header's columns
+            raise DataError(f"{at}: more values than the header has columns ({len(row) - 1}): quote a value that "
+                            "holds a comma")
         clash = [c for c in OWN_FIELDS if c in row]
         if clash:
             raise DataError(f"{at}: column {clash[0]!r} is a field the manifest writes itself ({', '.join(OWN_FIELDS)});"
@@ -83,8 +87,9 @@ def read_metadata(folder: Path) -> tuple[dict[str, dict], Path | None]:
 
 
 def folder_manifest(folder: str | os.PathLike) -> tuple[list[dict], list[str]]:
-    """(one record per audio file under ``folder``, notes for the user: metadata rows without a file, files
-    without a row). Raises naming the folder when it holds no audio, and both files of a key made twice."""
+    """(one record per audio file under ``folder``, notes for the user: files at a rarer sample rate or of several
+    channels, metadata rows without a file, files without a row). Raises naming the folder when it holds no audio,
+    both files of a key made twice, and every file that does not read."""
     from snakeshard.io.audio import audio_header
 
     folder = Path(folder).resolve()
