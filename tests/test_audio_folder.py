@@ -184,7 +184,7 @@ def test_files_added_to_the_folder_are_appended_to_its_manifest_and_only_their_s
     again = subprocess.run([CONSOLE_SCRIPT, "manifest", "folder", "-o", "proj/data/folder.jsonl"], cwd=tmp_path,
                            capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
-    assert f"note: 2 new file(s) after the 3 already in proj/data/folder.jsonl, which keep their order" in again.stderr
+    assert "note: 2 new file(s) after the 3 already in proj/data/folder.jsonl, which keep their order" in again.stderr
     after = (project / "data/folder.jsonl").read_bytes()
     assert after.startswith(before)
     assert [json.loads(line)["key"] for line in after[len(before):].decode().splitlines()] == ["aaa-first", "spk1-c"]
