@@ -52,8 +52,9 @@ def test_init_with_a_folder_of_audio_writes_its_manifest_and_the_project_runs_ov
         f"data/folder.jsonl: 3 audio files of {folder}, {seconds:.1f} s, in 2 subfolders (field dir); fields from "
         "its metadata: gender, transcription"]
     assert init.stdout.splitlines()[2] == (f"files added to folder later: snakeshard manifest {folder} -o "
-                                           "data/folder.jsonl (run in proj; they are appended, and the shards before "
-                                           "them kept)")
+                                           "data/folder.jsonl (run in proj; they are appended: the shards before the "
+                                           "last, partly filled one are kept)")
+    assert read_config(project)["stages"]["energy"]["sharding"] == {"shard_size": 1}  # 3 files: ~8 shards, 1 each
     assert init.stderr.splitlines() == [
         f"note: {folder}/metadata.csv: 1 row(s) name no audio file here, left out: gone.wav",
         f"note: {folder}/metadata.csv: no row for 1 audio file(s), which get no metadata fields: spk1/b.wav"]

@@ -53,7 +53,7 @@ def init_project(directory: str | os.PathLike, data: str | None = None) -> tuple
             records, notes = folder_manifest(data)  # before anything is written: a bad folder leaves no project
             said = [manifest_summary(records, data, path)] + [f"note: {n}" for n in notes] + [
                 f"files added to {data} later: snakeshard manifest {shlex.quote(str(Path(data).resolve()))} -o "
-                f"{path} (run in {directory}; they are appended, and the shards before them kept)"]
+                f"{path} (run in {directory}; they are appended: the shards before the last, partly filled one are kept)"]
 
     root.mkdir(parents=True, exist_ok=True)
     if data is None:
@@ -67,7 +67,10 @@ def init_project(directory: str | os.PathLike, data: str | None = None) -> tuple
     config = config.replace("__DATASET_NAME__", name).replace("__DATASET_PATH__", path)
     # the demo: two shards balanced by audio seconds; the user's data: item counts, which need no
     # durations (any wav.scp works, pipes included); both keep existing shards when data is appended
-    config = config.replace("__SHARDING__", "shard_seconds: 18" if data is None else "shard_size: 1000")
+    # a folder's files, counted: ~8 shards (several a core, as the default), at most 1,000 keys each (a trial's 30
+    # files were one shard of 1000, which every added file re-cut whole)
+    size = 1000 if records is None else min(1000, max(1, -(-len(records) // 8)))
+    config = config.replace("__SHARDING__", "shard_seconds: 18" if data is None else f"shard_size: {size}")
     (root / "config").mkdir(exist_ok=True)
     (root / "config/config.yaml").write_text(config.replace("__DATASET_FORMAT__", fmt))
     (root / "Snakefile").write_text((TEMPLATE_DIR / "Snakefile").read_text().replace("__DATASET_NAME__", name))
