@@ -175,6 +175,40 @@ def _toy(lr=0.01):
 SMALL = {"epochs": 1, "batch_size": 32, "seed": 3}
 
 
+def test_a_run_accepted_under_a_new_lr_goes_on_at_the_new_lr_where_its_schedule_was(tmp_path):
+    """`snakeshard continue` after an lr change (train's accepted): the steps after the resume run at the new base
+    lr times the cosine schedule's factor at that step, as a run of the new lr from step 0 has them; the moments and
+    the schedule's position come from the checkpoint (a trial's lower lr was silently the old one)."""
+    from snakeshard.train import TrainingInterrupted, train
+    from train_toy import ToyRunner
+
+    config = {**SMALL, "batch_size": 8, "schedule": {"strategy": "cosine"}}  # 8 steps
+    env, tk, vk = _toy(lr=0.01)
+    env["delay"] = 0.05
+    timer = threading.Timer(0.15, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(ToyRunner, env, tk[:64], vk, config, tmp_path / "go", fingerprint="a",
+              inputs={"provider_config": {"lr": 0.01}})
+    timer.join()
+    at = stopped.value.step
+    assert 0 < at < 8
+    env, tk, vk = _toy(lr=0.002)
+    result = train(ToyRunner, env, tk[:64], vk, config, tmp_path / "go", fingerprint="b",
+                   inputs={"provider_config": {"lr": 0.002}}, accepted={"a": "accepted for the test"})
+    assert result.continued == [{"step": at, "reason": "accepted for the test"}]
+    env, tk, vk = _toy(lr=0.002)
+    train(ToyRunner, env, tk[:64], vk, config, tmp_path / "new", fingerprint="b",
+          inputs={"provider_config": {"lr": 0.002}})
+
+    def lrs(run):
+        return {line["step"]: line["lr"] for line in map(json.loads, (tmp_path / run / "steps.jsonl").read_text()
+                                                          .splitlines()) if "lr" in line}
+    went_on, new = lrs("go"), lrs("new")
+    assert [went_on[n] for n in range(at + 1, 9)] == pytest.approx([new[n] for n in range(at + 1, 9)], rel=1e-12)
+    assert went_on[at] == pytest.approx(new[at] * 5, rel=1e-12)  # the step before: the old base, 5 times the new
+
+
 def test_changed_config_is_refused_naming_the_key_and_restart_starts_clean(tmp_path):
     """An unfinished run's checkpoint under another config or fingerprint is refused, naming what differs and the
     command that starts over; a finished run's is no run to resume: training starts over by itself."""

@@ -419,6 +419,11 @@ def test_an_unfinished_run_whose_config_changed_is_refused_naming_it_and_goes_on
     assert f"written under another config, resumed as this one's: {reason}" in (wd / TRAINED / "logs/train.log").read_text()
     metrics = json.loads((wd / TRAINED / "metrics.json").read_text())
     assert metrics["continued"] == [{"step": step, "reason": reason}] and metrics["steps"] == 48
+    # its steps after the resume are the new config's: lr 0.02 (a trial: the checkpoint's optimizer state had put
+    # the old lr back)
+    lrs = {line["step"]: line["lr"] for line in map(json.loads, (wd / TRAINED / "steps.jsonl").read_text().splitlines())
+           if "lr" in line}
+    assert {lrs[n] for n in range(1, step + 1)} == {0.01} and {lrs[n] for n in range(step + 1, 49)} == {0.02}, lrs
     assert re.search(rf": done  48 steps, 4 epochs, best score .*; went on under a changed config or code at step "
                      rf"{step} \(snakeshard continue\)$", run_cli(wd, "status").stdout, re.M)
     finished = run_cli(wd, "continue", "train")

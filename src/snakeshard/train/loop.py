@@ -261,9 +261,12 @@ def train(runner_cls: type, env: dict, train_keys, valid_keys=(), config: dict |
     loaded = _resume_point(manager, cfg, fingerprint, inputs, run_dir, world, {**(continues or {}), **accepted})
     if loaded is not None:
         ck, resumed_from = loaded
+        consented = ck.get("fingerprint") in accepted and ck.get("fingerprint") != fingerprint
+        configured = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         _restore(ck, model, optimizer, scheduler, world.rank)
         p.update(ck["progress"])
-        if ck.get("fingerprint") in accepted and ck.get("fingerprint") != fingerprint:
+        if consented:
+            _configured_hyperparameters(optimizer, scheduler, configured)
             # the run's record (metrics.json) says from which step on it went on under another config or code
             p["continued"] = [*p.get("continued", []), {"step": p["step"], "reason": accepted[ck["fingerprint"]]}]
         meters_state, log_bytes = ck.get("meters"), ck["log_bytes"]
@@ -428,6 +431,24 @@ def _restore(ck: dict, model, optimizer, scheduler, rank: int) -> None:
     if _RESTORE_RNG:
         states = ck["rng"]  # one per rank of a run on several
         rng.restore(states[rank] if isinstance(states, list) else states)
+
+
+def _configured_hyperparameters(optimizer, scheduler, configured: list[dict]) -> None:
+    """A run going on under a changed config (snakeshard continue) takes its optimizer's hyperparameters (lr, weight
+    decay, betas, ...) from the optimizer the provider built now, ``configured`` (its param groups less params),
+    not from the checkpoint, which keeps the moments, step counts and the schedule's position (a trial's lower lr
+    was silently the old one). A schedule's lr is base times a factor of the step: the base is the new one, the
+    factor where the run was."""
+    for group, new in zip(optimizer.param_groups, configured):
+        old_base, old_lr = group.get("initial_lr"), group["lr"]
+        group.update({k: v for k, v in new.items() if k not in ("lr", "initial_lr")})
+        if scheduler is None or old_base is None or "initial_lr" not in new:
+            group["lr"] = new["lr"]
+        else:
+            group["initial_lr"] = new["initial_lr"]
+            group["lr"] = old_lr * new["initial_lr"] / old_base if old_base else new["lr"]
+    if scheduler is not None and hasattr(scheduler, "base_lrs"):
+        scheduler.base_lrs = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
 
 
 @contextlib.contextmanager
