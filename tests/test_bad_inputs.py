@@ -585,3 +585,16 @@ def test_kaldi_dir_lines_that_validate_data_dir_refuses_are_noted_not_refused(to
     assert [line for line in unsorted.stdout.splitlines() if line.startswith("note: ")] == [
         "note: data/toy/wav.scp: keys are not sorted (data/toy/wav.scp:7: 'utt005' after 'utt006'); shards and merged "
         "files keep this order, and Kaldi's tools want it sorted (LC_ALL=C sort, or utils/fix_data_dir.sh)"]
+
+
+def test_a_chained_dataset_whose_upstream_shard_lost_its_done_is_named_not_a_type_error(tmp_path):
+    """A trial's scoring canary met a TypeError ('NoneType' object is not subscriptable) when the upstream shard's
+    done was gone (another run redoing it): the error names the shard dir and what to do."""
+    from snakeshard.core.data import StageOutputDataset
+    from snakeshard.errors import DataError
+
+    (tmp_path / "split.0").mkdir()
+    (tmp_path / "wav.scp").write_text("k1 /nowhere/k1.wav\n")  # the merged set's listing, as a stage's output has one
+    with pytest.raises(DataError, match=r"split\.0/done is missing: the upstream shard this job reads is not done "
+                                        r"\(another run redoing it\?\); run snakemake again"):
+        StageOutputDataset({"path": str(tmp_path), "upstream_dirs": [str(tmp_path / "split.0")]})

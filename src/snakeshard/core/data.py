@@ -768,7 +768,11 @@ class StageOutputDataset(KaldiDataset):
         if self.sources:
             from snakeshard.core.merge import SHARD_ONLY_META, read_done
 
-            fields = read_done(self.sources[0])["fields"] or {}
+            done = read_done(self.sources[0])
+            if done is None:  # the job checked it, but another run may have removed it since (a trial's TypeError)
+                raise DataError(f"{self.sources[0]}/done is missing: the upstream shard this job reads is not done "
+                                "(another run redoing it?); run snakemake again")
+            fields = done["fields"] or {}
             self.fields = {name: {k: v for k, v in meta.items() if k not in SHARD_ONLY_META}
                            for name, meta in fields.items()}
         else:
