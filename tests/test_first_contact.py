@@ -923,34 +923,3 @@ def test_a_chained_canary_holds_only_its_own_keys_as_a_shard_job_holds_its_shard
     host = re.escape(os.uname().nodename)
     assert re.fullmatch(rf"shard 1: started \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{{4}} on {host}, pid \d+", log[0]), log
     assert re.fullmatch(r"shard 1: 10 items in \d+\.\d\d s", log[-1]), log
-
-
-def test_status_beside_a_running_snakemake_after_an_edit_leaves_the_specs_its_jobs_read(toy_workdir):
-    """A trial ran `snakeshard status` during a run, after editing the config: status's parse rewrote the specs the
-    run's later jobs read, and each of them stopped ("spec.json was rewritten for another config while this run was
-    going"). Beside a live snakemake in the directory, status now leaves a differing spec as the run wrote it, says
-    so, and shows the states under the config now; the run ends well, and the next run makes the new config's."""
-    set_stage(toy_workdir, provider_config={"item_delay": 0.3}, fingerprint_ignore=["item_delay"], canary=0)
-    driver = subprocess.Popen([sys.executable, "-m", "snakemake", "--profile", "config/profiles/local", "--cores",
-                               "1"], cwd=toy_workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for(lambda: (toy_workdir / TOY / "split.0/done").exists(), 120, "shard 0 done")
-        set_stage(toy_workdir, provider_config={"item_delay": 0.3, "suffix": "!"}, fingerprint_ignore=["item_delay"],
-                  canary=0)
-        spec = (toy_workdir / TOY / "spec.json").read_bytes()
-        status = run_cli(toy_workdir, "status")
-        assert status.returncode == 0, status.stderr
-        assert (toy_workdir / TOY / "spec.json").read_bytes() == spec  # left as the run wrote it
-        assert re.search(r"^note: a snakemake run is going here \(pid \d+\), started before the config or code "
-                         rf"changed: {TOY}/fingerprints\.json, {TOY}/spec\.json left as that run wrote them",
-                         status.stdout, re.M), status.stdout
-        assert "  split.0     stale" in status.stdout  # the states under the config now
-        out, _ = driver.communicate(timeout=300)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-    assert driver.returncode == 0 and "rewritten" not in out, out[-3000:]
-    assert len((toy_workdir / TOY / "text").read_text().splitlines()) == 40
-    rerun = run_snakemake(toy_workdir)  # the new config's run: its own spec, every shard again
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert (toy_workdir / TOY / "text").read_text().splitlines()[0].endswith("!")

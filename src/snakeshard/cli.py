@@ -38,12 +38,12 @@ def _config(paths: list[str]) -> dict:
     return without_project_keys(config, " + ".join(paths))
 
 
-def _workflow(config_paths: list[str], beside_a_run: bool = False):
+def _workflow(config_paths: list[str]):
     from snakeshard.workflow.parse import Workflow, validate_config
 
     config = _config(config_paths)
     validate_config(config)
-    return Workflow(config, beside_a_run=beside_a_run)
+    return Workflow(config)
 
 
 def cmd_plan(args) -> int:
@@ -129,11 +129,9 @@ def cmd_report(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from snakeshard.workflow.run_lock import snakemake_processes_in
     from snakeshard.workflow.status import print_status
 
-    running = snakemake_processes_in(os.getcwd(), os.getpid())
-    print_status(_workflow(args.config, beside_a_run=bool(running)), running)
+    print_status(_workflow(args.config))
     return 0
 
 

@@ -346,7 +346,7 @@ def next_run_of(training: dict):
     from snakeshard.train.consent import consented
     from snakeshard.train.loop import next_run
 
-    spec = training.get("spec_now") or read_spec(training["spec"])  # the parse's, written or not (beside_a_run)
+    spec = read_spec(training["spec"])
     after = next_run(training["dir"], spec["loop"], spec["fingerprint"], result_inputs(spec),
                      {**continued_configs(spec), **consented(training["dir"], spec["fingerprint"])})
     if after.refused_diff is not None:
@@ -363,7 +363,7 @@ def continue_training(stage: str, training: dict) -> str:
     after = next_run_of(training)
     if after.refused_diff is None:
         return f"stage {stage}: nothing to accept: the next run {after.sentence}"
-    spec = training.get("spec_now") or read_spec(training["spec"])  # the parse's, written or not (beside_a_run)
+    spec = read_spec(training["spec"])
     return record_consent(training["dir"], stage, spec["fingerprint"], result_inputs(spec), spec["loop"])
 
 

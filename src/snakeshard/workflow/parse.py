@@ -478,13 +478,8 @@ class Workflow:
     Snakefile once more, only to run its one shard).
     """
 
-    def __init__(self, config: dict, *, reuse_audio_identity: bool = False, beside_a_run: bool = False):
+    def __init__(self, config: dict, *, reuse_audio_identity: bool = False):
         self.config = config
-        # `snakeshard status` while a snakemake run goes on here: the specs its jobs read at their start are left as
-        # they are when they differ (a job refuses a spec of another config: a trial's status after an edit
-        # stopped every later job of the run), and listed here
-        self.beside_a_run = beside_a_run
-        self.specs_held_back: list[str] = []
         self.out = output_dir(config)
         self.plans: dict[tuple[str, str], dict] = {}
         self.stage_fps: dict[tuple[str, str], str] = {}
@@ -606,9 +601,6 @@ class Workflow:
             unchanged = (Path(base) / FINGERPRINTS_FILE).read_text(encoding="utf-8") == record
         except FileNotFoundError:
             unchanged = False
-        if not unchanged and self.beside_a_run and (Path(base) / FINGERPRINTS_FILE).exists():
-            self.specs_held_back.append(str(Path(base) / FINGERPRINTS_FILE))  # the run's merge checks it
-            return
         for n, entry in enumerate(inputs):  # before fingerprints.json: a parse killed in between redoes them
             shard_dir = f"{base}/split.{n}"
             if not unchanged or not os.path.isfile(f"{shard_dir}/{SHARD_FINGERPRINT}"):
@@ -624,15 +616,8 @@ class Workflow:
             # stage_fingerprint: what the jobs check the spec against (job.check_spec_current)
             spec.update(shards_per_job=self.jobs_k[stage, ds], grouped=self.grouped(stage),
                         stage_fingerprint=self.stage_fps[stage, ds])
-            self._write_job_spec(Path(set_dir(self.config, stage, ds)) / SET_SPEC,
-                                 json.dumps(spec, indent=1, sort_keys=True) + "\n")
-
-    def _write_job_spec(self, path: Path, text: str) -> None:
-        """A spec a job reads at its start (see beside_a_run)."""
-        if self.beside_a_run and path.exists() and path.read_text(encoding="utf-8") != text:
-            self.specs_held_back.append(str(path))
-            return
-        write_if_changed(path, text)
+            write_if_changed(Path(set_dir(self.config, stage, ds)) / SET_SPEC,
+                             json.dumps(spec, indent=1, sort_keys=True) + "\n")
 
     def _upstream_digests(self, stage: str, ds: str) -> list[str]:
         """Per shard of a chained set, the digest of the fingerprints of the upstream shards that hold its keys
@@ -688,11 +673,11 @@ class Workflow:
                 # each set's data: its keys, records, audio and upstream merge (the stage's config and code above)
                 "sets": {ds: self.data_digests[stage, ds] for ds in s["datasets"]}}
         spec["fingerprint"] = training_fingerprint(spec, __version__)
-        self._write_job_spec(Path(out) / TRAIN_SPEC, json.dumps(spec, indent=1, sort_keys=True) + "\n")
+        write_if_changed(Path(out) / TRAIN_SPEC, json.dumps(spec, indent=1, sort_keys=True) + "\n")
         upstream = [f"{set_dir(self.config, *self.upstream[stage, ds])}/merged.json"
                     for ds in s["datasets"] if (stage, ds) in self.upstream]
         self.trainings[stage] = {
-            "dir": out, "spec": f"{out}/{TRAIN_SPEC}", "spec_now": spec, "fingerprint": spec["fingerprint"],
+            "dir": out, "spec": f"{out}/{TRAIN_SPEC}", "fingerprint": spec["fingerprint"],
             "keys": [f"{set_dir(self.config, stage, ds)}/split.0/{KEYS_FILE}" for ds in s["datasets"]],
             "upstream": upstream + ([f"{stats_ref['path']}/merged.json"] if stats_ref else []),
             "model": {"stage": stage, "path": f"{out}/model.pt", "done": f"{out}/done", "stats": stats_ref,

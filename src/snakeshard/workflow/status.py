@@ -330,7 +330,7 @@ def snakemake_log_heads(newest: int, lines: int = 60) -> list[list[str]]:
     return heads
 
 
-def print_status(wf, running: list[int] | None = None) -> None:
+def print_status(wf) -> None:
     """Every set's shards (config order, as `snakeshard plan` lists them), its canary and merge, every training,
     a summary of the states, and a note when a dead driver's lock would stop the next run."""
     queue = slurm_queue()
@@ -391,11 +391,6 @@ def print_status(wf, running: list[int] | None = None) -> None:
         print(f"note: {listing(len(left), left[:MAX_LISTED])}: of no stage or "
               "dataset in the config (removed or renamed?); snakemake neither reads nor removes "
               f"{'them' if len(left) > 1 else 'it'}: rm -r when no longer needed")
-    if wf.specs_held_back:
-        print(f"note: a snakemake run is going here (pid {', '.join(map(str, running or []))}), started before the "
-              f"config or code changed: {listing(len(wf.specs_held_back), wf.specs_held_back[:MAX_LISTED])} left "
-              "as that run wrote them (its jobs refuse another config's); the states above are of the config now, "
-              "and the next run makes them current")
     if dead_run_lock(os.getcwd(), os.getpid()):  # a trial: status said the run resumes, and it stopped on the lock
         print(f"note: {DEAD_RUN_LOCK}: the next run stops with Snakemake's LockException. If none runs here on "
               f"another machine either: {snakemake_command()} --unlock")
