@@ -463,6 +463,17 @@ def test_snakeshard_continue_accepts_a_config_or_code_change_not_another_data_se
     assert consent_hint("train", data) == consent_hint("train", ["ranks: 1 -> 2"]) == ""
 
 
+def test_a_continued_json_that_does_not_read_is_named_with_its_fix(tmp_path):
+    from snakeshard.errors import SnakeshardError
+    from snakeshard.train.consent import consented
+
+    assert consented(tmp_path, "fp") == {}  # no consent yet
+    (tmp_path / "continued.json").write_text('[{"from": "a", "to": "fp"')  # cut short
+    with pytest.raises(SnakeshardError, match=r"continued\.json does not read as JSON \(.*\): delete it and run "
+                                              r"snakeshard continue again"):
+        consented(tmp_path, "fp")
+
+
 def test_the_training_spec_keeps_data_code_and_config_apart_so_a_refused_resume_names_the_one_that_changed(
         tmp_path, monkeypatch):
     """A refused resume lists what differs between the checkpoint's spec and the current one (loop.config_diff):

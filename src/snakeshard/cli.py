@@ -285,8 +285,8 @@ def build_parser():
                                          "metadata.jsonl at its top (file_name: the file's path under the folder)")
     sp.add_argument("folder", metavar="FOLDER", help="the folder of audio files")
     sp.add_argument("--output", "-o", required=True, metavar="FILE",
-                    help="the manifest to write (e.g. data/mine.jsonl; replaced whole): the dataset's path, with "
-                         "format: jsonl")
+                    help="the manifest to write (e.g. data/mine.jsonl), the dataset's path with format: jsonl; "
+                         "when it exists, its keys keep their lines' order and new files are appended")
     sp.set_defaults(func=cmd_manifest)
 
     sp = sub.add_parser("plan", help="print the shard plan (shard, items, seconds) without running anything")

@@ -53,24 +53,18 @@ def refusal_of_consent(diff: list[str]) -> str | None:
     return None
 
 
-def record_consent(run_dir: str | Path, stage: str, fingerprint: str, inputs: dict | None, loop: dict) -> str:
-    """Write the consent to resume ``run_dir``'s newest checkpoint under ``fingerprint`` (the config and code now,
-    whose loop config is ``loop``); returns what was done, in one line. Raises when the change cannot be accepted.
-    Called when the next run would refuse that checkpoint (train.stage.continue_training)."""
+def record_consent(run_dir: str | Path, stage: str, fingerprint: str, refused) -> str:
+    """Write the consent to resume the checkpoint the next run would refuse (``refused``: loop.next_run's answer)
+    under ``fingerprint`` (the config and code now); returns what was done, in one line. Raises when the change
+    cannot be accepted."""
     from snakeshard.io.atomic import atomic_write_text
-    from snakeshard.train.checkpoint import CheckpointManager
-    from snakeshard.train.loop import checkpoint_diff, what_differs, with_defaults
 
-    run_dir = Path(run_dir)
-    cfg = with_defaults(loop)
-    cfg["ranks"] = cfg["ranks"] or 1
-    ck, path = CheckpointManager(run_dir / "checkpoints").read_newest()
-    why_not = refusal_of_consent(checkpoint_diff(ck, cfg, inputs))
+    run_dir, checkpoint = Path(run_dir), refused.refused_checkpoint
+    why_not = refusal_of_consent(refused.refused_diff)
     if why_not:
-        raise SnakeshardError(f"stages.{stage}: {path} cannot be continued under this config: {why_not}")
-    step, what = ck["progress"]["step"], what_differs(ck, cfg, fingerprint, inputs)
-    entries = _entries(run_dir) + [{"from": ck.get("fingerprint"), "to": fingerprint, "step": step, "differs": what,
-                                    "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}]
+        raise SnakeshardError(f"stages.{stage}: {checkpoint['path']} cannot be continued under this config: {why_not}")
+    entries = _entries(run_dir) + [{"from": checkpoint["fingerprint"], "to": fingerprint, "step": checkpoint["step"],
+                                    "differs": refused.differs, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}]
     atomic_write_text(run_dir / CONTINUED, json.dumps(entries, indent=1) + "\n")
-    return (f"stage {stage}: the next run resumes from {path} (step {step}) under the config and code as they are "
-            f"now ({what}); recorded in {run_dir / CONTINUED}")
+    return (f"stage {stage}: the next run resumes from {checkpoint['path']} (step {checkpoint['step']}) under the "
+            f"config and code as they are now ({refused.differs}); recorded in {run_dir / CONTINUED}")

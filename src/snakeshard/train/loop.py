@@ -634,6 +634,7 @@ class NextRun:
     differs: str | None = None
     takes_back: str | None = None
     refused_diff: list[str] | None = None  # when refused: config_diff's lines of what differs
+    refused_checkpoint: dict | None = None  # when refused: the checkpoint's fingerprint and step (train.consent)
 
 
 def next_run(run_dir: str | os.PathLike, config: dict, fingerprint: str, inputs: dict | None,
@@ -669,7 +670,9 @@ def next_run(run_dir: str | os.PathLike, config: dict, fingerprint: str, inputs:
         return NextRun(f"{back or 'starts over'}: {path} is a finished run's of another config or data ({what}), "
                        f"set aside in {run_dir / PREVIOUS}", what, back)
     return NextRun(f"is refused: {path} {REFUSED}: {what}. " + _refusal_fix(run_dir, cfg, fingerprint, inputs), what,
-                   refused_diff=checkpoint_diff(ck, cfg, inputs))
+                   refused_diff=checkpoint_diff(ck, cfg, inputs),
+                   refused_checkpoint={"fingerprint": ck.get("fingerprint"), "step": ck["progress"]["step"],
+                                       "path": str(path)})
 
 
 def _merged(states: list[dict]):

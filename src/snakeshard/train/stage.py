@@ -357,14 +357,12 @@ def next_run_of(training: dict):
 def continue_training(stage: str, training: dict) -> str:
     """``snakeshard continue STAGE``: when the next run would refuse the newest checkpoint (another config or code),
     record the user's consent to resume it as this config's (train.consent); else say what the next run does."""
-    from snakeshard.core.fingerprint import result_inputs
     from snakeshard.train.consent import record_consent
 
     after = next_run_of(training)
     if after.refused_diff is None:
         return f"stage {stage}: nothing to accept: the next run {after.sentence}"
-    spec = read_spec(training["spec"])
-    return record_consent(training["dir"], stage, spec["fingerprint"], result_inputs(spec), spec["loop"])
+    return record_consent(training["dir"], stage, training["fingerprint"], after)
 
 
 def lock_holder(run_dir: Path) -> str | None:
